@@ -1,0 +1,283 @@
+"""The pytest plugin: options, markers, the host and recipe fixtures, report plumbing. No checks live here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .checks import Check
+from .hostfacts import HostFacts, gather, matching_profile
+from .recipes import Profile, Recipe, RecipeError, load_profiles, load_recipes
+from .results import ResultsFile
+from .server import Server, StartError, serving
+from .target import open_host
+
+LAYERS = ("host", "container", "serving", "perf")
+STATE = pytest.StashKey["State"]()
+
+
+class State:
+    """What one session knows: the recipes, the host and what was chosen to run."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        opt = config.option
+        self.target: str = opt.sg_host
+        try:
+            self.profiles = load_profiles()
+            self.recipes = load_recipes(profiles=self.profiles)
+        except RecipeError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        unknown = [n for n in opt.sg_recipe or [] if n not in self.recipes]
+        if unknown:
+            raise pytest.UsageError(f"--recipe {', '.join(unknown)}: no such recipe (have: {', '.join(self.recipes)})")
+        if opt.sg_profile and opt.sg_profile not in self.profiles:
+            raise pytest.UsageError(f"--profile {opt.sg_profile}: no such profile (have: {', '.join(self.profiles)})")
+        if opt.sg_base_url and len(opt.sg_recipe or []) != 1:
+            raise pytest.UsageError("--base-url tests one running server against one recipe: add --recipe NAME")
+        # Until the host is read, every named recipe (or every recipe) is a candidate.
+        self.selected: list[Recipe] = [self.recipes[n] for n in opt.sg_recipe] if opt.sg_recipe else list(
+            self.recipes.values())
+        self.not_matching: list[Recipe] = []
+        self._host: Any = None
+        self._facts: HostFacts | None = None
+        self.results = ResultsFile(Path(opt.sg_results_json)) if opt.sg_results_json else None
+        self.start_errors: dict[str, str] = {}
+
+    @property
+    def host(self) -> Any:
+        if self._host is None:
+            # --ssh-config and --ssh-identity-file are testinfra's own options; they apply to --host too.
+            opt = self.config.option
+            self._host = open_host(self.target, opt.ssh_config, opt.ssh_identity_file)
+        return self._host
+
+    @property
+    def facts(self) -> HostFacts:
+        if self._facts is None:
+            try:
+                self._facts = gather(self.host, self.target)
+            except Exception as exc:  # one clear error for an unreachable host, not one per test
+                raise pytest.UsageError(f"cannot read host {self.target!r}: {type(exc).__name__}: {exc}") from None
+            if self.results:
+                self.results.set_system(self._facts)
+        return self._facts
+
+    def profile(self) -> Profile | None:
+        opt = self.config.option
+        if opt.sg_profile:
+            return self.profiles[opt.sg_profile]
+        chosen = {r.profile for r in self.selected}
+        if opt.sg_recipe and len(chosen) == 1:
+            return self.profiles[chosen.pop()]
+        return matching_profile(self.facts, self.profiles)
+
+    def select_for_host(self) -> None:
+        """Default selection: the recipes whose hardware profile matches the host."""
+        if self.config.option.sg_recipe:
+            return
+        profile = matching_profile(self.facts, self.profiles)
+        matching = [r for r in self.selected if profile and r.profile == profile.name]
+        self.not_matching = [r for r in self.selected if r not in matching]
+        self.selected = matching
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("sparkgate", "sparkgate: is this box fit to serve?")
+    group.addoption("--host", dest="sg_host", default="local", metavar="TARGET",
+                    help="the box to check: `local` (default), an ssh name from your ssh config, "
+                         "or ssh://user@host:port")
+    group.addoption("--recipe", dest="sg_recipe", action="append", default=None, metavar="NAME",
+                    help="recipe to serve and test (repeatable; default: every recipe whose hardware profile "
+                         "matches the host). `sparkgate recipes list` shows them")
+    group.addoption("--profile", dest="sg_profile", default=None, metavar="NAME",
+                    help="hardware profile to hold the host to (default: the selected recipes' profile, "
+                         "else the one the host matches)")
+    group.addoption("--base-url", dest="sg_base_url", default=None, metavar="URL",
+                    help="test a server that is already running at URL (e.g. http://spark01:8000); "
+                         "start and stop nothing. Needs exactly one --recipe")
+    group.addoption("--results-json", dest="sg_results_json", default=None, metavar="PATH",
+                    help="write every measurement and the system facts to PATH as the run goes")
+    group.addoption("--startup-timeout", dest="sg_startup_timeout", type=float, default=1800, metavar="S",
+                    help="seconds to wait for a recipe to serve (default 1800: a Spark loads for minutes)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for layer in LAYERS:
+        config.addinivalue_line("markers", f"{layer}: the {layer} layer (applied from the tests/{layer} folder)")
+    config.addinivalue_line("markers", "extended: long shapes (30K-token prompts, sustained load)")
+    config.addinivalue_line("markers", "check(id, why, fix): the stable ID of an acceptance check")
+    config.stash[STATE] = State(config)
+
+
+def _layer(item: pytest.Item) -> str | None:
+    parts = Path(str(item.path)).parts
+    for i, part in enumerate(parts[:-1]):
+        if part == "tests" and parts[i + 1] in LAYERS:
+            return parts[i + 1]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Layer markers come from the folder, before `-m` selects on them.
+    for item in items:
+        if layer := _layer(item):
+            item.add_marker(layer)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "recipe" in metafunc.fixturenames:
+        state = metafunc.config.stash[STATE]
+        metafunc.parametrize("recipe", state.selected, ids=[r.name for r in state.selected],
+                             indirect=True, scope="session")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Read the host once (never for --collect-only) and keep the recipes whose profile it matches."""
+    config = session.config
+    state = config.stash[STATE]
+    if config.option.collectonly or not any(_layer(i) for i in session.items):
+        return
+    facts = state.facts
+    state.select_for_host()
+    chosen = {r.name for r in state.selected}
+    keep, drop = [], []
+    for item in session.items:
+        callspec = getattr(item, "callspec", None)
+        name = callspec.params["recipe"].name if callspec and "recipe" in callspec.params else None
+        (keep if name is None or name in chosen else drop).append(item)
+    if drop and chosen:
+        config.hook.pytest_deselected(items=drop)
+        session.items[:] = keep
+    elif drop:
+        reason = (f"no recipe is for this host ({facts.arch}, "
+                  f"{facts.gpus[0].name if facts.gpus else 'no NVIDIA GPU'}): name one with --recipe "
+                  f"(have: {', '.join(state.recipes)})")
+        for item in drop:
+            item.add_marker(pytest.mark.skip(reason=reason))
+    _record_environment(config, facts)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter:
+        for key, value in facts.summary().items():
+            reporter.write_line(f"{key}: {value}")
+        names = ", ".join(r.name for r in state.selected) or "none"
+        others = ", ".join(f"{r.name} ({r.profile})" for r in state.not_matching)
+        reporter.write_line(f"Recipes: {names}" + (f"; not for this host: {others}" if others else ""))
+
+
+def _record_environment(config: pytest.Config, facts: HostFacts, extra: dict[str, str] | None = None) -> None:
+    """Host facts and recipes into pytest-html's environment table (pytest-metadata)."""
+    try:
+        from pytest_metadata.plugin import metadata_key
+    except ImportError:
+        return
+    meta = config.stash.get(metadata_key, None)
+    if meta is not None:
+        meta.update(facts.summary())
+        meta.update(extra or {})
+
+
+def _progress(config: pytest.Config):
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(msg: str) -> None:
+        if reporter:
+            reporter.write_line(f"[sparkgate] {msg}")
+
+    return say
+
+
+# ---- fixtures -------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def sparkgate_state(pytestconfig: pytest.Config) -> State:
+    return pytestconfig.stash[STATE]
+
+
+@pytest.fixture(scope="session")
+def host(sparkgate_state: State) -> Any:
+    """The box under test as a testinfra host (overrides testinfra's own, module-scoped `host`)."""
+    return sparkgate_state.host
+
+
+@pytest.fixture(scope="session")
+def host_facts(sparkgate_state: State) -> HostFacts:
+    return sparkgate_state.facts
+
+
+@pytest.fixture(scope="session")
+def profile(sparkgate_state: State) -> Profile:
+    p = sparkgate_state.profile()
+    if p is None:
+        f = sparkgate_state.facts
+        pytest.skip(f"this host ({f.arch}, {f.gpus[0].name if f.gpus else 'no NVIDIA GPU'}) matches no "
+                    f"hardware profile ({', '.join(sparkgate_state.profiles)}): name one with --profile")
+    return p
+
+
+@pytest.fixture(scope="session")
+def recipe(request: pytest.FixtureRequest) -> Recipe:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def server(recipe: Recipe, sparkgate_state: State, pytestconfig: pytest.Config) -> Any:
+    """The recipe, serving: started here (and removed after its tests) unless --base-url names one."""
+    opt = pytestconfig.option
+    if opt.sg_base_url:
+        yield Server(base_url=opt.sg_base_url.rstrip("/"), served_name=recipe.model.served_name,
+                     recipe=recipe, started=False)
+        return
+    if recipe.name in sparkgate_state.start_errors:
+        # Only the first test of a recipe that could not start carries the error; the rest could not run.
+        pytest.skip(f"{recipe.name} did not start (see the first error of this recipe)")
+    if recipe.launcher == "process" and sparkgate_state.target != "local":
+        pytest.skip(f"{recipe.name} runs as a local process; --host is {sparkgate_state.target}")
+    profile = sparkgate_state.profiles[recipe.profile]
+    try:
+        with serving(recipe, profile, lambda: sparkgate_state.host.file("/proc/meminfo").content_string,
+                     _progress(pytestconfig), opt.sg_startup_timeout) as srv:
+            _record_environment(pytestconfig, sparkgate_state.facts,
+                                {f"Recipe {recipe.name}": f"{recipe.model.id} ({recipe.digest})"})
+            yield srv
+    except StartError as exc:
+        sparkgate_state.start_errors[recipe.name] = str(exc)
+        pytest.fail(f"{recipe.name} could not be brought up: {exc}", pytrace=False)
+
+
+@pytest.fixture
+def check(request: pytest.FixtureRequest) -> Check:
+    """The Check of the running test, from its `check` marker and docstring."""
+    found = Check.of(request.node)
+    if found is None:
+        raise pytest.UsageError(f"{request.node.nodeid} has no @pytest.mark.check(ID, why=..., fix=...)")
+    return found
+
+
+@pytest.fixture(scope="session")
+def results(sparkgate_state: State) -> ResultsFile | None:
+    return sparkgate_state.results
+
+
+# ---- report plumbing -------------------------------------------------------------------------------------
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    outcome = yield
+    report = outcome.get_result()
+    c = Check.of(item)
+    if c:
+        report.user_properties.append(("check", c.id))
+
+
+def pytest_html_results_table_header(cells: list[str]) -> None:
+    cells.insert(1, "<th>Check</th>")
+
+
+def pytest_html_results_table_row(report: pytest.TestReport, cells: list[str]) -> None:
+    cid = dict(report.user_properties).get("check", "")
+    cells.insert(1, f"<td>{cid}</td>")

@@ -1,0 +1,178 @@
+"""Recipes (one serving configuration each) and hardware profiles, validated on load.
+
+A recipe or profile that does not validate raises RecipeError naming the file and the field, so an operator
+with a typo gets one line, not a traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+GIB = 1024**3
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES_DIR = ROOT / "recipes"
+PROFILES_DIR = ROOT / "profiles"
+
+
+class RecipeError(Exception):
+    """A recipe or profile file that cannot be used, with the file and field named."""
+
+
+class _Strict(BaseModel):
+    # An unknown key is a typo until proven otherwise.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuSpec(_Strict):
+    name: str
+    compute_capability: str
+
+
+class Profile(_Strict):
+    """What a hardware class must show."""
+
+    name: str
+    description: str
+    arch: str | None = Field(None, description="uname -m; null matches any")
+    gpu: GpuSpec | None = Field(None, description="null: the class has no NVIDIA GPU")
+    min_driver: str | None = None
+    memory_gib: float | None = Field(None, description="usable (unified) memory of the class")
+    memory_bandwidth_gbs: float | None = Field(None, description="decode roofline; null: unknown")
+    os_reserve_gib: float = Field(8.0, description="kept free for the OS and other services at start")
+
+
+class Model(_Strict):
+    id: str = Field(description="the checkpoint, as vLLM is given it")
+    served_name: str
+    source: str | None = Field(None, description="embedded:<name> for weights the suite prepares itself")
+    format: Literal["safetensors", "gguf"] = "safetensors"
+    quantization: str
+    total_params_b: float
+    active_params_b: float
+    bytes_per_param: float = Field(description="of the weights read per token, for the roofline")
+    native_context: int
+    gdn_hybrid: bool = Field(False, description="Gated DeltaNet hybrid (affected by the cudagraph defect)")
+
+
+class Memory(_Strict):
+    """What the recipe takes from the host's (unified) memory once serving."""
+
+    weights_gib: float = Field(description="resident, not on disk: resident runs well above du")
+    kv_cache_gib: float = Field(description="pinned with --kv-cache-memory, or what vLLM takes unpinned")
+    overhead_gib: float = Field(0.0, description="activations, graphs, runtime")
+    basis: str = Field(description="where the numbers come from")
+
+    @property
+    def budget_gib(self) -> float:
+        return self.weights_gib + self.kv_cache_gib + self.overhead_gib
+
+
+class Features(_Strict):
+    tools: bool = False
+    reasoning: bool = False
+    vision: bool = False
+    structured_output: bool = True
+    mtp: bool = False
+
+
+class Floor(_Strict):
+    """A per-request performance floor with the measurement it comes from."""
+
+    min: float
+    unit: str = "tok/s"
+    measured: str = Field(description="the figure the floor derives from, with n and spread")
+    source: str
+
+
+class Recipe(_Strict):
+    name: str
+    description: str
+    profile: str
+    model: Model
+    launcher: Literal["docker", "process"]
+    image: str | None = None
+    container_name: str | None = None
+    restart: Literal["no", "on-failure", "unless-stopped", "always"] = "unless-stopped"
+    env: dict[str, str] = {}
+    serve_args: list[str] = Field(description="exactly what follows `vllm serve MODEL`")
+    port: int = 8000
+    memory: Memory
+    features: Features = Features()
+    floors: dict[str, Floor] = {}
+    source_file: Path | None = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _launcher_fields(self) -> Recipe:
+        if self.launcher == "docker" and not (self.image and self.container_name):
+            raise ValueError("a docker recipe needs both `image` and `container_name`")
+        if (port := self.arg("--port")) is not None and port != str(self.port):
+            raise ValueError(f"`port` is {self.port} but serve_args say --port {port}")
+        return self
+
+    def arg(self, flag: str) -> str | None:
+        """The value of a serve flag (`--x v` or `--x=v`), '' for a bare switch, None when absent."""
+        for i, a in enumerate(self.serve_args):
+            if a == flag:
+                nxt = self.serve_args[i + 1] if i + 1 < len(self.serve_args) else ""
+                return "" if nxt.startswith("--") else nxt
+            if a.startswith(flag + "="):
+                return a.split("=", 1)[1]
+        return None
+
+    @property
+    def max_num_seqs(self) -> int:
+        return int(self.arg("--max-num-seqs") or 256)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.arg("--max-model-len") or self.model.native_context)
+
+    @property
+    def digest(self) -> str:
+        """A hash of what the recipe starts, so results from two boxes can be matched."""
+        blob = json.dumps(self.model_dump(mode="json", exclude={"description"}), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _load(path: Path, model: type[BaseModel]) -> BaseModel:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: expected a mapping of fields, found {type(data).__name__}")
+    try:
+        obj = model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"field `{'.'.join(str(p) for p in e['loc']) or '(top)'}`: {e['msg']}" for e in exc.errors()
+        )
+        raise RecipeError(f"{path}: {problems}") from None
+    if obj.name != path.stem:
+        raise RecipeError(f"{path}: field `name` is {obj.name!r} but the file is named {path.stem!r}")
+    return obj
+
+
+def load_profiles(directory: Path = PROFILES_DIR) -> dict[str, Profile]:
+    return {p.stem: _load(p, Profile) for p in sorted(directory.glob("*.yaml"))}
+
+
+def load_recipes(
+    directory: Path = RECIPES_DIR, profiles: dict[str, Profile] | None = None
+) -> dict[str, Recipe]:
+    profiles = load_profiles() if profiles is None else profiles
+    recipes: dict[str, Recipe] = {}
+    for path in sorted(directory.glob("*.yaml")):
+        recipe = _load(path, Recipe).model_copy(update={"source_file": path})
+        if recipe.profile not in profiles:
+            raise RecipeError(
+                f"{path}: field `profile`: {recipe.profile!r} is not a known profile ({', '.join(profiles)})"
+            )
+        recipes[recipe.name] = recipe
+    return recipes
