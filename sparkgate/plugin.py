@@ -9,7 +9,7 @@ import pytest
 
 from .checks import Check
 from .hostfacts import HostFacts, gather, matching_profile
-from .recipes import Profile, Recipe, RecipeError, load_profiles, load_recipes
+from .recipes import RECIPES_DIR, Profile, Recipe, RecipeError, load_profiles, load_recipes
 from .results import ResultsFile
 from .server import Server, StartError, serving
 from .target import open_host
@@ -27,7 +27,7 @@ class State:
         self.target: str = opt.sg_host
         try:
             self.profiles = load_profiles()
-            self.recipes = load_recipes(profiles=self.profiles)
+            self.recipes = load_recipes(Path(opt.sg_recipes_dir), self.profiles)
         except RecipeError as exc:
             raise pytest.UsageError(str(exc)) from None
         unknown = [n for n in opt.sg_recipe or [] if n not in self.recipes]
@@ -92,6 +92,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--recipe", dest="sg_recipe", action="append", default=None, metavar="NAME",
                     help="recipe to serve and test (repeatable; default: every recipe whose hardware profile "
                          "matches the host). `sparkgate recipes list` shows them")
+    group.addoption("--recipes-dir", dest="sg_recipes_dir", default=str(RECIPES_DIR), metavar="DIR",
+                    help=f"where recipes are read from (default: {RECIPES_DIR})")
     group.addoption("--profile", dest="sg_profile", default=None, metavar="NAME",
                     help="hardware profile to hold the host to (default: the selected recipes' profile, "
                          "else the one the host matches)")
@@ -220,33 +222,51 @@ def profile(sparkgate_state: State) -> Profile:
 
 
 @pytest.fixture(scope="session")
+def selected_recipes(sparkgate_state: State) -> list[Recipe]:
+    """The recipes this run serves (after matching them to the host)."""
+    return sparkgate_state.selected
+
+
+@pytest.fixture(scope="session")
 def recipe(request: pytest.FixtureRequest) -> Recipe:
     return request.param
 
 
 @pytest.fixture(scope="session")
-def server(recipe: Recipe, sparkgate_state: State, pytestconfig: pytest.Config) -> Any:
-    """The recipe, serving: started here (and removed after its tests) unless --base-url names one."""
+def _served(recipe: Recipe, sparkgate_state: State, pytestconfig: pytest.Config) -> Any:
+    """The recipe, serving, or the StartError that says why not. Started once per recipe, removed after
+    its last test; with --base-url, the running server is used and nothing is started or stopped."""
     opt = pytestconfig.option
     if opt.sg_base_url:
         yield Server(base_url=opt.sg_base_url.rstrip("/"), served_name=recipe.model.served_name,
                      recipe=recipe, started=False)
         return
-    if recipe.name in sparkgate_state.start_errors:
-        # Only the first test of a recipe that could not start carries the error; the rest could not run.
-        pytest.skip(f"{recipe.name} did not start (see the first error of this recipe)")
     if recipe.launcher == "process" and sparkgate_state.target != "local":
-        pytest.skip(f"{recipe.name} runs as a local process; --host is {sparkgate_state.target}")
-    profile = sparkgate_state.profiles[recipe.profile]
+        yield StartError(f"{recipe.name} runs as a local process and --host is {sparkgate_state.target}")
+        return
     try:
-        with serving(recipe, profile, lambda: sparkgate_state.host.file("/proc/meminfo").content_string,
+        with serving(recipe, sparkgate_state.profiles[recipe.profile],
+                     lambda: sparkgate_state.host.file("/proc/meminfo").content_string,
                      _progress(pytestconfig), opt.sg_startup_timeout) as srv:
             _record_environment(pytestconfig, sparkgate_state.facts,
                                 {f"Recipe {recipe.name}": f"{recipe.model.id} ({recipe.digest})"})
+            if sparkgate_state.results:
+                sparkgate_state.results.add_recipe(recipe)
             yield srv
     except StartError as exc:
-        sparkgate_state.start_errors[recipe.name] = str(exc)
-        pytest.fail(f"{recipe.name} could not be brought up: {exc}", pytrace=False)
+        yield exc
+
+
+@pytest.fixture
+def server(_served: Any, recipe: Recipe, sparkgate_state: State) -> Server:
+    """The running server of the current recipe. A recipe that could not start is one error (on its first
+    test) and its other tests could not run: skipped, pointing at that error."""
+    if isinstance(_served, StartError):
+        if recipe.name in sparkgate_state.start_errors:
+            pytest.skip(f"{recipe.name} could not be brought up (see the error on its first test)")
+        sparkgate_state.start_errors[recipe.name] = str(_served)
+        pytest.fail(f"{recipe.name} could not be brought up: {_served}", pytrace=False)
+    return _served
 
 
 @pytest.fixture

@@ -151,7 +151,8 @@ def _load(path: Path, model: type[BaseModel]) -> BaseModel:
         obj = model.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"field `{'.'.join(str(p) for p in e['loc']) or '(top)'}`: {e['msg']}" for e in exc.errors()
+            f"field `{'.'.join(str(p) for p in e['loc'])}`: {e['msg']}" if e["loc"] else e["msg"]
+            for e in exc.errors()
         )
         raise RecipeError(f"{path}: {problems}") from None
     if obj.name != path.stem:

@@ -166,9 +166,12 @@ class ProcessLauncher:
         wait_ready(base_url, r.model.served_name, timeout_s, alive, progress, r.name)
         return server
 
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
+    def stop(self) -> bool:
+        """Stop what start() started; True if there was something to stop."""
+        if self.proc is None:
+            return False
+        if self.proc.poll() is not None:
+            return True
         pgid = self.proc.pid  # the group we created; nothing else is in it
         os.killpg(pgid, signal.SIGTERM)
         try:
@@ -176,6 +179,7 @@ class ProcessLauncher:
         except subprocess.TimeoutExpired:
             os.killpg(pgid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+        return True
 
 
 def launcher_for(recipe: Recipe) -> ProcessLauncher:
@@ -193,5 +197,5 @@ def serving(recipe: Recipe, profile: Profile, read_meminfo: Callable[[], str], p
     try:
         yield launcher.start(progress, timeout_s)
     finally:
-        launcher.stop()
-        progress(f"{recipe.name}: stopped and removed")
+        if launcher.stop():
+            progress(f"{recipe.name}: stopped and removed")

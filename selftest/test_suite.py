@@ -1,0 +1,193 @@
+"""The acceptance suite, run for real through pytester against the embedded default (vLLM on the CPU).
+
+Every check here is shown both ways: green against the good target, red with its own message against a
+target broken in exactly the way the check guards against.
+"""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkgate.recipes import RECIPES_DIR, load_profiles, load_recipes
+from sparkgate.results import Results
+from sparkgate.server import serving
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = str(ROOT / "tests")
+UNREACHABLE = "ssh://root@127.0.0.1:9"  # loopback, nothing listens: refused at once
+
+
+def run_suite(pytester, *args, timeout=1200):
+    """The acceptance suite in a subprocess, run from the project root so report paths read tests/..."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        return pytester.runpytest_subprocess(TESTS, "-p", "no:cacheprovider", "-rA", *args, timeout=timeout)
+
+
+def broken_recipe(tmp_path, change, name="smollm2-cpu"):
+    """A recipes folder holding one copy of a shipped recipe with `change` applied."""
+    d = tmp_path / "recipes"
+    d.mkdir(exist_ok=True)
+    data = yaml.safe_load((RECIPES_DIR / f"{name}.yaml").read_text())
+    change(data)
+    (d / f"{name}.yaml").write_text(yaml.safe_dump(data))
+    return str(d)
+
+
+def passed_in(result, layer):
+    return [line for line in result.outlines if line.startswith(f"PASSED tests/{layer}/")]
+
+
+# ---- the whole suite on the embedded default (starts and stops its own server) -------------------------
+
+def test_the_suite_passes_on_the_embedded_default_and_writes_its_reports(pytester, tmp_path):
+    report, results = tmp_path / "report.html", tmp_path / "results.json"
+    result = run_suite(pytester, f"--html={report}", "--self-contained-html", f"--results-json={results}")
+    assert result.ret == 0, result.stdout.str()[-4000:]
+    for layer in ("host", "serving", "perf"):
+        assert passed_in(result, layer), f"no passed check in {layer}"
+    result.stdout.fnmatch_lines(["*Recipes: smollm2-cpu*", "*smollm2-cpu: serving smollm2-135m-instruct after*",
+                                 "*smollm2-cpu: stopped and removed*"])
+    data = Results.model_validate_json(results.read_text())
+    [m] = data.measurements
+    assert m.check == "PERF-NATURAL" and m.n >= 3 and len(m.raw) == m.n and m.shape["ignore_eos"] is False
+    assert data.system.arch and data.system.mem_available_bytes > 0
+    assert report.exists()
+    _report_opens_in_a_browser(report, tmp_path)
+
+
+def _report_opens_in_a_browser(report, tmp_path):
+    browser = shutil.which("chromium")
+    if browser is None:
+        pytest.skip("no chromium: the report was written but not opened (apt-get install chromium)")
+    dom = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'chromium'}",
+         "--virtual-time-budget=5000", "--dump-dom", report.as_uri()],
+        capture_output=True, text=True, timeout=120, check=True).stdout
+    # pytest-html renders its table with JavaScript: these appear only if the page really ran.
+    for text in ("SERVE-MODELS", "PERF-NATURAL", "smollm2-cpu", "Passed"):
+        assert text in dom, f"{text!r} not in the rendered report"
+
+
+# ---- the lifecycle refuses and fails fast ---------------------------------------------------------------
+
+def test_a_recipe_too_big_for_memory_fails_the_host_check_and_is_never_started(pytester, tmp_path):
+    recipes = broken_recipe(tmp_path, lambda d: d["memory"].update(weights_gib=100000))
+    host = run_suite(pytester, "-m", "host", f"--recipes-dir={recipes}", "--recipe=smollm2-cpu")
+    host.stdout.fnmatch_lines(["*[[]HOST-MEM-FREE[]]*", "*smollm2-cpu needs 100003.0 + 2 GiB reserve*"])
+    serving_run = run_suite(pytester, "-m", "serving", f"--recipes-dir={recipes}", "--recipe=smollm2-cpu")
+    serving_run.assert_outcomes(errors=1, skipped=2)  # one error for the recipe, the rest could not run
+    serving_run.stdout.fnmatch_lines(["*refusing to start smollm2-cpu: it needs 100003.0 GiB*MemAvailable*"])
+    assert "smollm2-cpu: starting" not in serving_run.stdout.str()
+
+
+def test_a_server_that_dies_while_loading_fails_at_once_with_its_log(pytester, tmp_path):
+    recipes = broken_recipe(tmp_path, lambda d: d["serve_args"].append("--no-such-flag"))
+    result = run_suite(pytester, "-m", "serving", f"--recipes-dir={recipes}", "--recipe=smollm2-cpu",
+                       "--startup-timeout=600")
+    result.assert_outcomes(errors=1, skipped=2)
+    result.stdout.fnmatch_lines(["*smollm2-cpu stopped while loading: exit status *", "*--no-such-flag*"])
+    assert result.duration < 120, "the dead process was not noticed until much later"
+
+
+# ---- against one running server (--base-url), to break one thing at a time ------------------------------
+# (after every test that starts its own server on the recipe's port: this one holds it until the module ends)
+
+@pytest.fixture(scope="module")
+def embedded_server():
+    recipe = load_recipes()["smollm2-cpu"]
+    with serving(recipe, load_profiles()["cpu"], lambda: Path("/proc/meminfo").read_text(), print, 600) as srv:
+        yield srv
+
+
+def test_a_served_name_that_is_not_served_fails_the_models_check(pytester, tmp_path, embedded_server):
+    recipes = broken_recipe(tmp_path, lambda d: d["model"].update(served_name="not-the-served-name"))
+    result = run_suite(pytester, "-m", "serving", f"--recipes-dir={recipes}", "--recipe=smollm2-cpu",
+                       f"--base-url={embedded_server.base_url}", "-k", "served_name_is_listed")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*[[]SERVE-MODELS[]]*", "*expected: 'not-the-served-name' in /v1/models*",
+                                 "*found:*'smollm2-135m-instruct'*", "*fix:*--served-model-name*"])
+
+
+def test_a_floor_the_server_cannot_reach_fails_the_natural_check(pytester, tmp_path, embedded_server):
+    recipes = broken_recipe(tmp_path, lambda d: d["floors"]["natural_decode"].update(min=100000))
+    result = run_suite(pytester, "-m", "perf", f"--recipes-dir={recipes}", "--recipe=smollm2-cpu",
+                       f"--base-url={embedded_server.base_url}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*[[]PERF-NATURAL[]]*", "*expected: >= 100000 tok/s*",
+                                 "*found:    natural decode, per request * +/- * tok/s (n=3, sample std) "
+                                 "on smollm2-cpu*"])
+
+
+def test_a_port_already_serving_is_never_started_over(pytester, embedded_server):
+    result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu")
+    result.assert_outcomes(errors=1, skipped=2)
+    result.stdout.fnmatch_lines(["*port 18000 already answers on this host*--base-url http://127.0.0.1:18000*"])
+
+
+# ---- options and collection -----------------------------------------------------------------------------
+
+def test_collect_only_starts_nothing_and_reaches_no_host(pytester):
+    result = run_suite(pytester, "--collect-only", "-q", f"--host={UNREACHABLE}")
+    assert result.ret == 0
+    assert any("qwen38-27b-nvfp4" in line for line in result.outlines)  # every recipe, none deselected
+    assert "Host:" not in result.stdout.str() and "error" not in result.stdout.str().lower()
+
+
+def test_the_serving_marker_selects_the_serving_folder_only(pytester):
+    result = run_suite(pytester, "--collect-only", "-q", "-m", "serving")
+    ids = [line for line in result.outlines if "::" in line]
+    assert ids and all(i.startswith("tests/serving/") for i in ids)
+
+
+def test_an_unreachable_host_is_one_error_not_one_per_test(pytester):
+    result = run_suite(pytester, f"--host={UNREACHABLE}", "-m", "host")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert result.stderr.str().count("cannot read host") == 1
+    assert "PASSED" not in result.stdout.str() and "FAILED" not in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--recipe=nope"], "--recipe nope: no such recipe"),
+        (["--profile=tpu"], "--profile tpu: no such profile"),
+        (["--base-url=http://127.0.0.1:9"], "--base-url tests one running server against one recipe"),
+    ],
+)
+def test_bad_options_are_usage_errors(pytester, args, message):
+    result = run_suite(pytester, "--collect-only", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
+
+
+def test_a_malformed_recipe_is_one_line_naming_file_and_field(pytester, tmp_path):
+    recipes = broken_recipe(tmp_path, lambda d: d["memory"].pop("basis"))
+    result = run_suite(pytester, "--collect-only", f"--recipes-dir={recipes}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {recipes}/smollm2-cpu.yaml: field `memory.basis`: Field required"])
+    assert "Traceback" not in result.stderr.str()
+
+
+def test_the_host_layer_is_held_to_a_named_profile(pytester):
+    # This CI box is x86_64 without a GPU: against gb10 it must fail with what it found.
+    result = run_suite(pytester, "-m", "host", "--profile=gb10", "-k", "architecture or gpu")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*[[]HOST-ARCH[]]*", "*expected: aarch64 (profile gb10)*",
+                                 "*[[]HOST-GPU[]]*", "*expected: NVIDIA GB10 (compute capability 12.1)*"])
+
+
+def test_recipes_show_prints_what_would_start(tmp_path):
+    out = subprocess.run([str(Path(ROOT / ".venv/bin/sparkgate")) if (ROOT / ".venv/bin/sparkgate").exists()
+                          else "sparkgate", "recipes", "show", "qwen38-27b-nvfp4"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "docker run -d --name qwen3.8-27b-nvfp4 --restart unless-stopped" in out
+    assert "-e CUTE_DSL_ARCH=sm_121a vllm/vllm-openai:nightly-aarch64 unsloth/Qwen3.8-27B-NVFP4" in out
+    assert "--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}'" in out
+    assert json.loads(out.split("--speculative-config ")[1].split("'")[1]) == {"method": "mtp",
+                                                                                "num_speculative_tokens": 2}

@@ -1,0 +1,74 @@
+"""`sparkgate`: read recipes before anything runs.
+
+  sparkgate recipes list            every recipe, its profile and model
+  sparkgate recipes show NAME       the exact command line or `docker run` the recipe would start
+  sparkgate prepare NAME            convert an embedded model into the cache now (otherwise done at start)
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from .recipes import Recipe, RecipeError, load_recipes
+from .server import ProcessLauncher, cache_dir
+
+
+def docker_run(recipe: Recipe) -> str:
+    """The `docker run` a docker recipe stands for (the docker launcher issues the same through the API)."""
+    parts = ["docker", "run", "-d", "--name", recipe.container_name, "--restart", recipe.restart,
+             "--gpus", "all", "--ipc", "host", "--network", "host"]
+    for key, value in recipe.env.items():
+        parts += ["-e", f"{key}={value}"]
+    parts += [recipe.image, recipe.model.id, *recipe.serve_args]
+    return shlex.join(parts)
+
+
+def describe(recipe: Recipe) -> str:
+    if recipe.launcher == "docker":
+        return docker_run(recipe)
+    return ProcessLauncher(recipe).describe()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sparkgate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    recipes = sub.add_parser("recipes", help="list recipes or show what one would start")
+    rsub = recipes.add_subparsers(dest="action", required=True)
+    rsub.add_parser("list")
+    show = rsub.add_parser("show")
+    show.add_argument("name")
+    prep = sub.add_parser("prepare", help="convert an embedded model into the cache")
+    prep.add_argument("name")
+    args = parser.parse_args(argv)
+    try:
+        all_recipes = load_recipes()
+    except RecipeError as exc:
+        print(f"sparkgate: {exc}", file=sys.stderr)
+        return 2
+    if args.cmd == "recipes" and args.action == "list":
+        for r in all_recipes.values():
+            print(f"{r.name:24} {r.profile:6} {r.launcher:8} {r.model.id}")
+        return 0
+    recipe = all_recipes.get(args.name)
+    if recipe is None:
+        print(f"sparkgate: no recipe {args.name!r} (have: {', '.join(all_recipes)})", file=sys.stderr)
+        return 2
+    if args.cmd == "prepare":
+        if not recipe.model.source:
+            print(f"sparkgate: {recipe.name} has no embedded model to prepare", file=sys.stderr)
+            return 2
+        from .embedded import prepare
+
+        print(prepare(recipe.model.source, cache_dir()))
+        return 0
+    print(f"# {recipe.name}: {recipe.description}")
+    print(f"# memory budget {recipe.memory.budget_gib:.1f} GiB: {recipe.memory.basis.strip()}")
+    print(describe(recipe))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
