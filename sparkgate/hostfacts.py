@@ -6,6 +6,7 @@ Parsing is kept apart from gathering so it can be tested on recorded outputs. Ab
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -31,6 +32,21 @@ class Gpu(BaseModel):
     pci_bus_id: str | None
 
 
+class KernelModule(BaseModel):
+    """An nvidia.ko on disk, as modinfo reads it (signer None: unsigned; modinfo None: not installed)."""
+
+    kernel: str
+    path: str
+    version: str | None
+    signer: str | None
+
+
+class ComputeApp(BaseModel):
+    pid: int
+    name: str
+    used_mib: int | None
+
+
 class HostFacts(BaseModel):
     target: str
     hostname: str
@@ -44,6 +60,20 @@ class HostFacts(BaseModel):
     nvidia_smi_error: str | None = None  # what nvidia-smi said when it failed
     gpus: list[Gpu] = []
     nvidia_module_version: str | None = None  # /sys/module/nvidia/version
+    secure_boot: bool | None = None  # mokutil --sb-state; None: could not tell
+    secure_boot_note: str = ""
+    modinfo: bool = False
+    modules: list[KernelModule] = []  # nvidia.ko of every kernel under /lib/modules
+    kernel_images: list[str] = []  # installed linux-image-* package versions (dpkg), else /boot/vmlinuz-*
+    initramfs: list[str] = []  # kernels with /boot/initrd.img-*
+    compute_apps: list[ComputeApp] = []
+    model_processes: list[str] = []  # "pid args" of processes that look like model servers
+    docker: str | None = None  # server version, None: not reachable
+    docker_error: str | None = None
+    user: str = ""
+    groups: list[str] = []
+    disk_free_bytes: int | None = None  # on the filesystem holding the model cache
+    disk_path: str = ""
 
     @property
     def has_nvidia(self) -> bool:
@@ -51,7 +81,18 @@ class HostFacts(BaseModel):
 
     @property
     def driver_version(self) -> str | None:
-        return self.gpus[0].driver_version if self.gpus else None
+        """The userspace driver: nvidia-smi's, or NVML's own word when the module does not match it."""
+        if self.gpus:
+            return self.gpus[0].driver_version
+        found = re.search(r"NVML library version: ([\d.]+)", self.nvidia_smi_error or "")
+        return found.group(1) if found else None
+
+    @property
+    def nvml_mismatch(self) -> bool:
+        return "Driver/library version mismatch" in (self.nvidia_smi_error or "")
+
+    def module_for(self, kernel: str) -> KernelModule | None:
+        return next((m for m in self.modules if m.kernel == kernel), None)
 
     def summary(self) -> dict[str, str]:
         """One line per fact, for the report header and the HTML environment table."""
@@ -61,6 +102,8 @@ class HostFacts(BaseModel):
             "Kernel": f"{self.kernel} {self.arch}, {self.os}",
             "Memory": f"{self.mem_available_bytes / GIB:.1f} GiB available of {self.mem_total_bytes / GIB:.1f}",
             "GPU": gpu or (f"nvidia-smi failed: {self.nvidia_smi_error}" if self.nvidia_smi_error else "none"),
+            "NVIDIA module": f"{self.nvidia_module_version or 'not loaded'}; Secure Boot "
+            + {True: "enabled", False: "disabled", None: f"unknown ({self.secure_boot_note})"}[self.secure_boot],
         }
 
 
@@ -114,6 +157,40 @@ def parse_os_release(text: str) -> str:
     return "unknown"
 
 
+def parse_compute_apps(text: str) -> list[ComputeApp]:
+    """`nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader`."""
+    apps = []
+    for line in text.strip().splitlines():
+        pid, name, used = (c.strip() for c in line.rsplit(",", 2)) if line.count(",") >= 2 else ("", "", "")
+        if pid.isdigit():
+            apps.append(ComputeApp(pid=int(pid), name=name, used_mib=_mib(used)))
+    return apps
+
+
+def parse_sb_state(text: str) -> bool | None:
+    """`mokutil --sb-state`: 'SecureBoot enabled' / 'SecureBoot disabled' (anything else: unknown)."""
+    if "SecureBoot enabled" in text:
+        return True
+    if "SecureBoot disabled" in text:
+        return False
+    return None
+
+
+# Executables of model servers that hold memory on a serving box (the guide's `grep -iE 'llama|ollama|vllm'`).
+MODEL_SERVER = re.compile(r"(^|/)(ollama|llama-server|llama-cli|vllm|sglang|text-generation-launcher|"
+                          r"tritonserver|trtllm-serve)(\s|$)|\bvllm serve\b|vllm\.entrypoints")
+
+
+def model_processes(ps_output: str, exclude_pids: set[int] = frozenset()) -> list[str]:
+    """From `ps -eo pid=,args=`: the lines whose command is a model server."""
+    found = []
+    for line in ps_output.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        if pid.isdigit() and int(pid) not in exclude_pids and MODEL_SERVER.search(args.strip()):
+            found.append(f"{pid} {args.strip()}")
+    return found
+
+
 def gather(host: Any, target: str) -> HostFacts:
     """Read the facts of a testinfra host. Raises on a host that cannot run a command at all."""
 
@@ -139,9 +216,83 @@ def gather(host: Any, target: str) -> HostFacts:
         res = host.run(f"nvidia-smi --query-gpu={','.join(GPU_FIELDS)} --format=csv,noheader")
         if res.rc == 0:
             facts["gpus"] = parse_gpu_csv(res.stdout)
+            apps = host.run("nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader")
+            facts["compute_apps"] = parse_compute_apps(apps.stdout) if apps.rc == 0 else []
         else:
             facts["nvidia_smi_error"] = (res.stdout + res.stderr).strip() or f"exit status {res.rc}"
+    facts.update(_secure_boot(host))
+    facts.update(_kernels(host, facts["kernel"]))
+    facts["model_processes"] = model_processes(host.run("ps -eww -o pid=,args=").stdout)
+    facts.update(_docker_and_user(host))
+    facts.update(_disk(host))
     return HostFacts(**facts)
+
+
+def _secure_boot(host: Any) -> dict[str, Any]:
+    if not host.exists("mokutil"):
+        return {"secure_boot": None, "secure_boot_note": "mokutil not installed"}
+    res = host.run("mokutil --sb-state")
+    state = parse_sb_state(res.stdout + res.stderr)
+    return {"secure_boot": state, "secure_boot_note": "" if state is not None else (res.stdout + res.stderr).strip()}
+
+
+def _kernels(host: Any, running: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"modinfo": host.exists("modinfo") or host.file("/sbin/modinfo").exists}
+    modinfo = "modinfo" if host.exists("modinfo") else "/sbin/modinfo"
+    modules = []
+    res = host.run("find /lib/modules -mindepth 1 -maxdepth 1 -type d -printf '%f\\n'")
+    for kernel in sorted(res.stdout.split()) if res.rc == 0 else []:
+        found = host.run(f"find /lib/modules/{shlex.quote(kernel)} -name 'nvidia.ko*' -print -quit")
+        path = found.stdout.strip()
+        if not path:
+            continue
+        version = signer = None
+        if out["modinfo"]:
+            version = host.run(f"{modinfo} -F version {shlex.quote(path)}").stdout.strip() or None
+            signer = host.run(f"{modinfo} -F signer {shlex.quote(path)}").stdout.strip() or None
+        modules.append(KernelModule(kernel=kernel, path=path, version=version, signer=signer))
+    out["modules"] = modules
+    dpkg = host.run("dpkg-query -W -f='${Status} ${Package}\\n' 'linux-image-[0-9]*'")
+    if dpkg.rc == 0 and dpkg.stdout.strip():
+        out["kernel_images"] = sorted(line.split()[-1].removeprefix("linux-image-")
+                                      for line in dpkg.stdout.splitlines() if line.startswith("install ok installed"))
+    else:
+        boot = host.run("ls /boot")
+        out["kernel_images"] = sorted(f.removeprefix("vmlinuz-") for f in boot.stdout.split()
+                                      if f.startswith("vmlinuz-"))
+    boot = host.run("ls /boot")
+    out["initramfs"] = sorted(f.removeprefix("initrd.img-") for f in boot.stdout.split()
+                              if f.startswith("initrd.img-"))
+    return out
+
+
+def _docker_and_user(host: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"user": host.check_output("id -un"), "groups": host.check_output("id -Gn").split()}
+    if not host.exists("docker"):
+        out["docker_error"] = "docker CLI not installed"
+        return out
+    res = host.run("docker version --format '{{.Server.Version}}'")
+    if res.rc == 0 and res.stdout.strip():
+        out["docker"] = res.stdout.strip()
+    else:
+        out["docker_error"] = (res.stderr or res.stdout).strip().splitlines()[-1:] or [f"exit status {res.rc}"]
+        out["docker_error"] = out["docker_error"][0]
+    return out
+
+
+def _disk(host: Any) -> dict[str, Any]:
+    # Weights land in the Hugging Face cache; measure the filesystem that holds it (or would).
+    res = host.run("p=${HF_HOME:-$HOME/.cache/huggingface}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
+                   "echo \"$p\"; df -B1 --output=avail \"$p\" | tail -1")
+    lines = res.stdout.split()
+    if res.rc != 0 or len(lines) != 2 or not lines[1].isdigit():
+        return {}
+    return {"disk_path": lines[0], "disk_free_bytes": int(lines[1])}
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'595.84' -> (595, 84), for comparing driver versions numerically."""
+    return tuple(int(p) for p in re.findall(r"\d+", version))
 
 
 def matching_profile(facts: HostFacts, profiles: dict[str, Profile]) -> Profile | None:

@@ -102,6 +102,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "start and stop nothing. Needs exactly one --recipe")
     group.addoption("--results-json", dest="sg_results_json", default=None, metavar="PATH",
                     help="write every measurement and the system facts to PATH as the run goes")
+    group.addoption("--repro-dir", dest="sg_repro_dir", action="append", default=None, metavar="DIR",
+                    help="more stored request bodies (*.json) to replay on every run, besides "
+                         "tests/data/repro (repeatable)")
     group.addoption("--startup-timeout", dest="sg_startup_timeout", type=float, default=1800, metavar="S",
                     help="seconds to wait for a recipe to serve (default 1800: a Spark loads for minutes)")
 
@@ -120,6 +123,11 @@ def _layer(item: pytest.Item) -> str | None:
         if part == "tests" and parts[i + 1] in LAYERS:
             return parts[i + 1]
     return None
+
+
+def _recipe_of(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params["recipe"].name if callspec and "recipe" in callspec.params else None
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -149,8 +157,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     chosen = {r.name for r in state.selected}
     keep, drop = [], []
     for item in session.items:
-        callspec = getattr(item, "callspec", None)
-        name = callspec.params["recipe"].name if callspec and "recipe" in callspec.params else None
+        name = _recipe_of(item)
         (keep if name is None or name in chosen else drop).append(item)
     if drop and chosen:
         config.hook.pytest_deselected(items=drop)
@@ -161,6 +168,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                   f"(have: {', '.join(state.recipes)})")
         for item in drop:
             item.add_marker(pytest.mark.skip(reason=reason))
+    # The host layer first (before anything is started on it), then each recipe's layers in turn.
+    order = {r.name: i for i, r in enumerate(state.selected)}
+    session.items.sort(key=lambda item: (_layer(item) != "host", order.get(_recipe_of(item), -1),
+                                         LAYERS.index(_layer(item) or "host")))
     _record_environment(config, facts)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter:

@@ -57,6 +57,7 @@ class Model(_Strict):
     active_params_b: float
     bytes_per_param: float = Field(description="of the weights read per token, for the roofline")
     native_context: int
+    disk_gib: float = Field(0, description="weights on disk, what the model cache must hold")
     gdn_hybrid: bool = Field(False, description="Gated DeltaNet hybrid (affected by the cudagraph defect)")
 
 

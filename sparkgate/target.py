@@ -16,4 +16,4 @@ def open_host(target: str, ssh_config: str | None = None, identity_file: str | N
     spec = target if "://" in target else f"ssh://{target}"
     control = tempfile.mkdtemp(prefix="sparkgate-ssh-")
     return testinfra.get_host(spec, ssh_config=ssh_config, ssh_identity_file=identity_file,
-                              controlpath=f"{control}/%C", controlpersist=120)
+                              controlpath=f"{control}/%%C", controlpersist=120)  # %%: testinfra %-formats

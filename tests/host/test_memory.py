@@ -24,3 +24,18 @@ def test_available_memory_covers_every_selected_recipe(check, host_facts, select
             short.append(f"{r.name} needs {r.memory.budget_gib:.1f} + {reserve:g} GiB reserve")
     check.that(not short, expected="each recipe's budget + OS reserve <= MemAvailable",
                found=f"MemAvailable {have:.1f} GiB; " + "; ".join(short))
+
+
+@pytest.mark.check(
+    "HOST-MEM-TOTAL",
+    why="the recipes' memory budgets are written for this much unified memory; less means a different "
+        "machine or memory taken away (a VM limit, a carve-out)",
+    fix="run the recipes on a host of their profile, or write recipes for this memory size",
+)
+def test_total_memory_is_the_profiles(check, host_facts, profile):
+    """MemTotal MUST be at least 95% of the profile's memory (nvidia-smi has no memory figure on GB10)."""
+    if profile.memory_gib is None:
+        check.cannot_run(f"profile {profile.name} names no memory size", "--profile gb10")
+    total = host_facts.mem_total_bytes / GIB
+    check.that(total >= 0.95 * profile.memory_gib, expected=f">= {0.95 * profile.memory_gib:.1f} GiB "
+               f"(95% of {profile.memory_gib:g}, profile {profile.name})", found=f"MemTotal {total:.2f} GiB")

@@ -1,0 +1,90 @@
+"""The host layer over real ssh against the test host spark01: green on a good GB10, and on each host broken
+one way, exactly the check that guards against it fails, with its ID and remedy.
+
+spark01's GPU, driver and tools are stand-ins printing outputs recorded from real machines (selftest/testhost).
+"""
+
+import os
+import re
+import time
+
+import pytest
+
+from selftest.testhost.spark01 import HostSpec, TestHost
+
+from .test_suite import run_suite
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs root (network namespaces)")
+DOCKER = "not docker_engine"  # spark01 has no docker engine yet: HOST-DOCKER is proven red only, below
+
+
+def host_layer(pytester, host, *args):
+    result = run_suite(pytester, "-m", "host", f"--host={host.name}", f"--ssh-config={host.ssh_config}", *args)
+    failed = re.findall(r"^\[(HOST-[A-Z-]+)\] ", result.stdout.str(), re.M)
+    return result, failed
+
+
+def test_a_good_spark_passes_every_host_check(pytester):
+    with TestHost(HostSpec()) as host:
+        start = time.monotonic()
+        result, failed = host_layer(pytester, host, "-k", DOCKER)
+        took = time.monotonic() - start
+    assert failed == [], result.stdout.str()[-3000:]
+    outcomes = result.parseoutcomes()
+    assert outcomes["passed"] >= 14 and "skipped" not in outcomes, outcomes
+    result.stdout.fnmatch_lines(["Host: spark01 (spark01)", "*NVIDIA GB10 (driver 595.84, cc 12.1)*",
+                                 "*Secure Boot enabled*", "Recipes: qwen3-coder-next-int4, *"])
+    print(f"host layer on a good spark01 over ssh: {took:.1f} s for the whole pytest run")
+
+
+VARIANTS = {
+    # guide: driver 580 crashes CUDA graph capture on GB10
+    "driver-580": (HostSpec(driver_version="580.159.03"), "HOST-DRIVER-MIN",
+                   ["*expected: >= 590 (profile gb10)*", "*found:    580.159.03*", "*linux-modules-nvidia-595-open*"]),
+    "module-signed-by-local-mok": (HostSpec(module_signer="sparkgate test MOK"), "HOST-MODULE-SIGNED",
+                                   ["*signer sparkgate test MOK*", "*pre-signed modules*"]),
+    "unsigned-dkms-module": (HostSpec(module_signer=None), "HOST-MODULE-SIGNED",
+                             ["*signer none (unsigned, a DKMS build)*"]),
+    "loaded-module-mismatch": (HostSpec(sys_module_version="590.48"), "HOST-MODULE-MATCH",
+                               ["*expected: module 595.84*",
+                                "*found:    module 590.48 loaded*Driver/library version mismatch*"]),
+    "module-file-other-version": (HostSpec(module_version="590.48"), "HOST-MODULE-FILE",
+                                  ["*expected: nvidia.ko version 595.84*", "*version 590.48*"]),
+    "module-not-loaded": (HostSpec(module_loaded=False), "HOST-NVIDIA-SMI", ["*found:    NVIDIA-SMI has failed*"]),
+    "no-fallback-kernel": (HostSpec(fallback_kernels=[]), "HOST-FALLBACK-KERNEL",
+                           ["*found:    installed: 6.17.0-1029-nvidia*"]),
+    "no-initramfs": (HostSpec(kernels_without_initramfs=["6.17.0-1029-nvidia"]), "HOST-INITRAMFS",
+                     ["*expected: /boot/initrd.img-6.17.0-1029-nvidia*", "*update-initramfs*"]),
+    "unsigned-dkms-module-for-fallback": (HostSpec(other_kernel_modules={"6.17.0-1008-nvidia": None}),
+                                          "HOST-FALLBACK-MODULES",
+                                          ["*booting 6.17.0-1008-nvidia: */updates/dkms/nvidia.ko* signer none*"]),
+    "ollama-running": (HostSpec(model_servers=["ollama"]), "HOST-NO-COMPETITOR",
+                       ["*pid * /usr/local/bin/ollama holds 5210 MiB*"]),
+    "little-memory-available": (HostSpec(mem_available_kb=60 * 1024**2), "HOST-MEM-FREE",
+                                ["*MemAvailable 60.0 GiB; qwen3-coder-next-int4 needs 97.3 + 8 GiB reserve; "
+                                 "qwen36-35b-a3b-nvfp4 needs 62.1 + 8 GiB reserve*"]),
+    "less-total-memory": (HostSpec(mem_total_kb=64 * 1024**2, mem_available_kb=60 * 1024**2), None, []),
+    "small-model-cache-disk": (HostSpec(setup_hook='mkdir -p "$1/root/.cache" && '
+                                                   'mount -t tmpfs -o size=1g tmpfs "$1/root/.cache"'),
+                               "HOST-DISK-FREE", ["*expected: >= 41 GiB (qwen3-coder-next-int4)*", "*/root/.cache*"]),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_broken_spark_fails_exactly_the_guarding_check(pytester, variant):
+    spec, guard, lines = VARIANTS[variant]
+    with TestHost(spec) as host:
+        result, failed = host_layer(pytester, host, "-k", DOCKER)
+    if guard is None:  # less MemTotal also leaves less available: both memory checks guard it
+        assert sorted(failed) == ["HOST-MEM-FREE", "HOST-MEM-TOTAL"], result.stdout.str()[-3000:]
+        return
+    assert failed == [guard], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(lines)
+
+
+def test_a_host_without_docker_fails_the_docker_check_for_docker_recipes(pytester):
+    with TestHost(HostSpec()) as host:
+        result, failed = host_layer(pytester, host, "-k", "docker_engine")
+    assert failed == ["HOST-DOCKER"]
+    result.stdout.fnmatch_lines(["*expected: docker engine reachable by root (for qwen3-coder-next-int4, *",
+                                 "*engine unreachable: docker CLI not installed*"])

@@ -1,0 +1,1 @@
+"""The test host `spark01` (see spark01.py and README.md)."""
