@@ -191,3 +191,10 @@ def test_recipes_show_prints_what_would_start(tmp_path):
     assert "--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}'" in out
     assert json.loads(out.split("--speculative-config ")[1].split("'")[1]) == {"method": "mtp",
                                                                                 "num_speculative_tokens": 2}
+
+
+def test_the_checks_catalogue_in_the_docs_is_the_generated_one(pytester, tmp_path):
+    generated = tmp_path / "CHECKS.md"
+    run_suite(pytester, f"--list-checks={generated}")
+    assert generated.read_text() == (ROOT / "docs" / "CHECKS.md").read_text(), (
+        "docs/CHECKS.md is stale: regenerate it with `pytest --list-checks=docs/CHECKS.md`")
