@@ -3,11 +3,13 @@
   sparkgate recipes list            every recipe, its profile and model
   sparkgate recipes show NAME       the exact command line or `docker run` the recipe would start
   sparkgate prepare NAME            convert an embedded model into the cache now (otherwise done at start)
+  sparkgate results-schema          the JSON Schema of --results-json files (docs/results.schema.json)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 
@@ -42,7 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("name")
     prep = sub.add_parser("prepare", help="convert an embedded model into the cache")
     prep.add_argument("name")
+    sub.add_parser("results-schema", help="print the JSON Schema of --results-json files")
     args = parser.parse_args(argv)
+    if args.cmd == "results-schema":
+        from .results import Results
+
+        print(json.dumps(Results.model_json_schema(), indent=2))
+        return 0
     try:
         all_recipes = load_recipes()
     except RecipeError as exc:

@@ -8,9 +8,11 @@ These are the definitions of llama-benchy and `vllm bench serve`, so figures com
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -61,17 +63,85 @@ class Figure(BaseModel):
     raw: list[float]
     shape: dict[str, Any]
     method: str = METHOD
+    roofline: float | None = Field(None, description="decode ceiling of the profile, same unit; None: unknown")
+
+    @property
+    def roofline_share(self) -> float | None:
+        return self.mean / self.roofline if self.roofline else None
 
     @classmethod
-    def of(cls, name: str, unit: str, values: list[float], shape: dict[str, Any]) -> Figure:
+    def of(cls, name: str, unit: str, values: list[float], shape: dict[str, Any],
+           roofline: float | None = None) -> Figure:
         if not values:
             raise ValueError(f"no values to make {name} from")
         std = statistics.stdev(values) if len(values) > 1 else 0.0
         return cls(name=name, unit=unit, n=len(values), mean=statistics.fmean(values), std=std,
-                   raw=values, shape=shape)
+                   raw=values, shape=shape, roofline=roofline)
 
     def __str__(self) -> str:
-        return f"{self.name} {self.mean:.2f} +/- {self.std:.2f} {self.unit} (n={self.n}, sample std)"
+        text = f"{self.name} {self.mean:.2f} +/- {self.std:.2f} {self.unit} (n={self.n}, sample std)"
+        if self.roofline_share is not None:
+            text += f", {self.roofline_share:.0%} of the {self.roofline:.1f} {self.unit} roofline"
+        return text
+
+
+def roofline_tok_s(bandwidth_gbs: float | None, active_params_b: float, bytes_per_param: float) -> float | None:
+    """Decode ceiling of a memory-bound model: every active weight is read once per token. Speculative
+    decoding can exceed it (several tokens per read); nothing else can."""
+    if not bandwidth_gbs:
+        return None
+    return bandwidth_gbs * 1e9 / (active_params_b * 1e9 * bytes_per_param)
+
+
+def local_copy_bandwidth_gbs(mib: int = 256, rounds: int = 5) -> float | None:
+    """This machine's memory bandwidth, measured: the best of `rounds` copies of a `mib` MiB array, bytes
+    read plus bytes written per second (STREAM's copy). None without numpy. For profiles that publish none
+    (the CPU profile is any machine), so a CPU box still shows decode against a ceiling."""
+    try:
+        import numpy as np
+    except ImportError:
+        return None
+    src = np.ones(mib * 2**20 // 8)
+    dst = np.empty_like(src)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(rounds))
+    return 2 * src.nbytes / best / 1e9
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def aggregate_tok_s(records: list[RequestRecord]) -> float:
+    """Tokens of all requests over the wall span from the first send to the last token: a capacity figure,
+    never a speed (it is N requests' tokens summed)."""
+    span = max(r.t_last_token or r.t_sent for r in records) - min(r.t_sent for r in records)
+    return sum(r.completion_tokens or 0 for r in records) / span if span > 0 else 0.0
+
+
+async def burst(base_url: str, bodies: list[dict[str, Any]], timeout_s: float = 900) -> list[RequestRecord]:
+    """Send all bodies at once, each on its own connection, and time each."""
+    async with httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=len(bodies))) as client:
+        return list(await asyncio.gather(*(stream_chat(client, base_url, b) for b in bodies)))
+
+
+async def closed_loop(base_url: str, make_body: Callable[[int], dict[str, Any]], streams: int,
+                      duration_s: float, timeout_s: float = 900) -> list[RequestRecord]:
+    """Keep `streams` requests in flight until `duration_s` has passed; each stream sends its next request
+    as soon as the last one ends. Bounded: no request starts after the deadline."""
+    deadline = time.monotonic() + duration_s
+    records: list[RequestRecord] = []
+
+    async def stream(client: httpx.AsyncClient, k: int) -> None:
+        i = 0
+        while time.monotonic() < deadline:
+            records.append(await stream_chat(client, base_url, make_body(k * 10_000 + i)))
+            i += 1
+
+    async with httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=streams)) as client:
+        await asyncio.gather(*(stream(client, k) for k in range(streams)))
+    return records
 
 
 def _delta_has_token(delta: dict[str, Any]) -> tuple[bool, str, str]:

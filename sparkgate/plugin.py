@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from .checks import Check
@@ -105,6 +106,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--repro-dir", dest="sg_repro_dir", action="append", default=None, metavar="DIR",
                     help="more stored request bodies (*.json) to replay on every run, besides "
                          "tests/data/repro (repeatable)")
+    group.addoption("--usable-tok-s", dest="sg_usable_tok_s", type=float, default=20, metavar="TOK_S",
+                    help="per-request decode below which a user's speed is no longer usable, for the capacity "
+                         "sweep (default 20: people read at 4-5 tok/s, and 20+ outruns reading comfortably); "
+                         "a recipe's usable_decode floor overrides it")
     group.addoption("--list-checks", dest="sg_list_checks", default=None, metavar="PATH",
                     help="write the collected checks (ID, layer, MUST, why, fix) as Markdown to PATH "
                          "('-': the terminal) and run nothing")
@@ -277,8 +282,10 @@ def _served(recipe: Recipe, sparkgate_state: State, pytestconfig: pytest.Config)
     its last test; with --base-url, the running server is used and nothing is started or stopped."""
     opt = pytestconfig.option
     if opt.sg_base_url:
-        yield Server(base_url=opt.sg_base_url.rstrip("/"), served_name=recipe.model.served_name,
+        srv = Server(base_url=opt.sg_base_url.rstrip("/"), served_name=recipe.model.served_name,
                      recipe=recipe, started=False)
+        _record_server(srv, sparkgate_state)
+        yield srv
         return
     if recipe.launcher == "process" and sparkgate_state.target != "local":
         yield StartError(f"{recipe.name} runs as a local process and --host is {sparkgate_state.target}")
@@ -289,11 +296,21 @@ def _served(recipe: Recipe, sparkgate_state: State, pytestconfig: pytest.Config)
                      _progress(pytestconfig), opt.sg_startup_timeout) as srv:
             _record_environment(pytestconfig, sparkgate_state.facts,
                                 {f"Recipe {recipe.name}": f"{recipe.model.id} ({recipe.digest})"})
-            if sparkgate_state.results:
-                sparkgate_state.results.add_recipe(recipe)
+            _record_server(srv, sparkgate_state)
             yield srv
     except StartError as exc:
         yield exc
+
+
+def _record_server(srv: Server, state: State) -> None:
+    """What is serving, for the results file: the server's own vLLM version, and the launcher's facts
+    (image digest and the like)."""
+    try:
+        srv.facts.setdefault("vllm_version", httpx.get(f"{srv.base_url}/version", timeout=10).json()["version"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        srv.facts.setdefault("vllm_version", "unknown (no /version)")
+    if state.results:
+        state.results.add_recipe(srv.recipe, srv.facts)
 
 
 @pytest.fixture

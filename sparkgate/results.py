@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from . import __version__
 from .hostfacts import HostFacts
@@ -19,23 +19,27 @@ SCHEMA_VERSION = 1
 
 
 class RecipeRun(BaseModel):
+    """One recipe as it served: what a contributor needs to say two runs served the same thing."""
+
     recipe: str
-    recipe_digest: str
+    recipe_digest: str = Field(description="hash of the recipe's content: equal digests, equal configuration")
     model: str
     image: str | None
-    server: dict[str, str] = {}
+    server: dict[str, str] = Field({}, description="what the server said of itself: vllm_version, image digest")
 
 
 class Measurement(Figure):
     recipe: str
-    check: str
+    check: str = Field(description="the check ID that measured it")
 
 
 class Results(BaseModel):
+    """A sparkgate results file (--results-json). Figures are per request unless their name says aggregate."""
+
     schema_version: int = SCHEMA_VERSION
     sparkgate_version: str = __version__
-    started: str
-    system: HostFacts | None = None
+    started: str = Field(description="UTC, ISO 8601")
+    system: HostFacts | None = Field(None, description="the host's facts, read once per run")
     recipes: list[RecipeRun] = []
     measurements: list[Measurement] = []
 

@@ -1,0 +1,114 @@
+"""The instrument, calibrated: sparkgate's timing against a server whose schedule is known.
+
+The reference server (schedule_server.py) writes each token at a known monotonic time and reports when it
+actually did. The figures sparkgate computes from the client side must match the truth within 1%, and the
+ceiling test prints how fast a stream the client can time on one core before its own overhead distorts it.
+"""
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sparkgate.measure import Figure, aggregate_tok_s, burst, stream_chat
+
+REPO = Path(__file__).resolve().parents[1]
+PORT = 18931
+
+
+@pytest.fixture(scope="module")
+def reference():
+    # The server on the second core, this client on the first, when there are two: they must not share one.
+    cores = sorted(os.sched_getaffinity(0))
+    server_cores = cores[1:] or cores
+    proc = subprocess.Popen([sys.executable, "-m", "selftest.schedule_server", str(PORT)], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: os.sched_setaffinity(0, server_cores))
+    assert proc.stdout.readline().strip() == "ready"
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores[:1])
+    try:
+        yield f"http://127.0.0.1:{PORT}"
+    finally:
+        os.sched_setaffinity(0, own)
+        proc.terminate()
+        proc.wait(10)
+
+
+def timed(base_url, tokens, ttft_s, interval_s, streams=1):
+    bodies = [{"model": "reference", "messages": [], "schedule": {"tokens": tokens, "ttft_s": ttft_s,
+                                                                  "interval_s": interval_s}}] * streams
+    records = asyncio.run(burst(base_url, bodies))
+    truth = httpx.get(base_url).json()[-streams:]
+    return records, truth
+
+
+def true_decode(log):
+    written = log["written"]
+    return (len(written) - 1) / (written[-1] - written[0])
+
+
+@pytest.mark.parametrize(("tokens", "ttft_s", "interval_s"), [(60, 0.5, 0.05), (200, 0.25, 0.01),
+                                                               (400, 0.1, 0.002)],
+                         ids=["20tok/s", "100tok/s", "500tok/s"])
+def test_decode_and_ttft_match_the_reference_schedule_within_one_percent(reference, tokens, ttft_s, interval_s):
+    """Per-request decode and TTFT MUST be within 1% of what the reference server actually did."""
+    (record,), (log,) = timed(reference, tokens, ttft_s, interval_s)
+    decode_error = record.decode_tok_s / true_decode(log) - 1
+    # True TTFT: from the client's send to the server's first write (one clock), connection setup included,
+    # as every client feels it.
+    true_ttft = log["written"][0] - record.t_sent
+    ttft_error = record.ttft_s / true_ttft - 1
+    print(f"{1 / interval_s:.0f} tok/s scheduled: decode {record.decode_tok_s:.3f} vs true "
+          f"{true_decode(log):.3f} ({decode_error:+.3%}); TTFT {record.ttft_s * 1000:.2f} ms vs "
+          f"{true_ttft * 1000:.2f} ms ({ttft_error:+.3%})")
+    assert record.completion_tokens == tokens
+    assert abs(decode_error) < 0.01
+    assert abs(ttft_error) < 0.01
+
+
+def test_aggregate_is_the_sum_over_streams_not_a_per_request_speed(reference):
+    """Four streams at 50 tok/s each MUST read as ~50 tok/s per request and ~200 tok/s aggregate."""
+    records, _ = timed(reference, 50, 0.05, 0.02, streams=4)
+    per_request = Figure.of("decode", "tok/s", [r.decode_tok_s for r in records], {})
+    aggregate = aggregate_tok_s(records)
+    print(f"per request {per_request}; aggregate {aggregate:.1f} tok/s")
+    assert per_request.mean == pytest.approx(50, rel=0.02)
+    assert aggregate == pytest.approx(4 * 50 / (0.05 + 49 * 0.02), rel=0.05)
+
+
+def test_a_non_2xx_answer_raises_rather_than_timing_an_error(reference):
+    """An error status MUST raise, never become a record with no tokens."""
+    async def bad():
+        async with httpx.AsyncClient() as client:
+            await stream_chat(client, reference + "/elsewhere", {})
+    with pytest.raises(httpx.HTTPStatusError):
+        asyncio.run(bad())
+
+
+def test_client_timing_ceiling_is_printed(reference):
+    """A benchmark: how many tokens per second one client core can time before its error passes 1%.
+
+    The reference writes as fast as it can (interval 0) at the top; the figure is where the client's reading
+    of decode departs from the server's truth by more than 1%.
+    """
+    rows, ceiling = [], None
+    for rate in (1000, 5000, 10000, 20000, 50000, 100000, 0):
+        errors = []
+        for _ in range(3):
+            (record,), (log,) = timed(reference, 2000 if rate else 4000, 0.01, 1 / rate if rate else 0)
+            errors.append(record.decode_tok_s / true_decode(log) - 1)
+        true_rate = true_decode(log)
+        worst = max(errors, key=abs)
+        rows.append(f"  {rate or 'max':>6} scheduled, {true_rate:9.0f} tok/s written: "
+                    f"client error mean {statistics.fmean(errors):+.3%}, worst {worst:+.3%} (n=3)")
+        if abs(worst) <= 0.01:
+            ceiling = true_rate
+    print("client timing on one core:\n" + "\n".join(rows))
+    print(f"ceiling (worst error <= 1%): {ceiling:.0f} tok/s" if ceiling else "ceiling: below 500 tok/s")
+    assert ceiling, "the client cannot time even 500 tok/s within 1%"

@@ -1,0 +1,63 @@
+"""The output sanity detector, both ways: real garbage is flagged, terse valid answers are not."""
+
+import pytest
+
+from sparkgate import sanity
+
+# The guide's two garbage answers from Qwen3.8-27B under FULL_AND_PIECEWISE cudagraphs, verbatim.
+GUIDE_SALAD = ".eth.ע\n\n3\n in\n to\nthe\nE\n\nE\n。\n压力.... Play the"
+GUIDE_FINGERPRINT = "优化E\n with.\n.\n。.J it, a..\n\n<tool_call>\n\n\n\n\nP..\n\n. with"
+# What a randomly initialised SmolLM2 served by vLLM's CPU engine answered (--load-format dummy).
+RANDOM_WEIGHTS = "logupload" * 24
+
+TERSE_AND_VALID = ["Got it.", "Test received.", "Paris", "391", "5", "OK", "Yes.", "No", "7 days.",
+                   "It is 12 °C and cloudy in Berlin.", "π ≈ 3.14159, and Σ of 1..n is n(n+1)/2.",
+                   "| a | b |\n| --- | --- |\n| 1 | 2 |", "-----\nDone.\n-----", "Wait...", "",
+                   "def add(a, b):\n    return a + b\n"]
+
+
+@pytest.mark.parametrize("text", TERSE_AND_VALID)
+def test_terse_and_ordinary_answers_are_clean(text):
+    assert sanity.scan(text, "Reply briefly.") == []
+
+
+def test_the_guides_token_salad_is_flagged_for_its_foreign_scripts():
+    kinds = {f.kind for f in sanity.scan(GUIDE_SALAD, "Say hello.")}
+    assert kinds == {"script"}
+    assert "Hebrew" in sanity.summary(sanity.scan(GUIDE_SALAD)) and "CJK" in sanity.summary(sanity.scan(GUIDE_SALAD))
+
+
+def test_the_guides_fingerprint_is_named_as_the_tool_call_leak():
+    findings = sanity.scan_message({"content": GUIDE_FINGERPRINT, "tool_calls": []}, "Fix the bug.")
+    assert findings[0].kind == "tool-call-leak" and "fingerprint" in findings[0].what
+    assert "CJK" in sanity.summary(findings)
+
+
+def test_a_tool_call_parsed_into_tool_calls_is_not_a_leak():
+    message = {"content": "<tool_call>", "tool_calls": [{"function": {"name": "get_weather", "arguments": "{}"}}]}
+    assert all(f.kind != "tool-call-leak" for f in sanity.scan_message(message))
+
+
+def test_the_random_weight_models_loop_is_degenerate_repetition():
+    (finding,) = sanity.scan(RANDOM_WEIGHTS, "Say hello in one short sentence.")
+    assert finding.kind == "repetition" and "'logupload'" in finding.what
+
+
+@pytest.mark.parametrize(("text", "kind"), [("Paris\x00\x00", "nul"), ("Par\x07is", "control"),
+                                            ("Par\ufffdis", "undecodable"), ("Hello<|im_end|>", "special-token"),
+                                            ("שלום world", "script"), ("the the the the the the the the the the "
+                                                                       "the the the the the the", "repetition")])
+def test_each_kind_of_garbage_is_named(text, kind):
+    assert [f.kind for f in sanity.scan(text, "Say hello.")] == [kind]
+
+
+def test_a_script_the_prompt_uses_is_allowed_in_the_answer():
+    assert sanity.scan("巴黎", "法国的首都是哪里？") == []
+    assert sanity.scan("巴黎", "What is the capital of France?") != []
+
+
+def test_reasoning_and_tool_arguments_are_scanned_too():
+    message = {"content": "Paris", "reasoning": "压力压力", "tool_calls": [
+        {"function": {"name": "get_weather", "arguments": '{"city": "Par\x00is"}'}}]}
+    found = sanity.summary(sanity.scan_message(message, "Capital of France?"))
+    assert "in the reasoning field" in found and "in tool call 'get_weather'" in found

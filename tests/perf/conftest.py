@@ -1,0 +1,46 @@
+import pytest
+
+from sparkgate.measure import local_copy_bandwidth_gbs, roofline_tok_s
+
+
+@pytest.fixture(scope="session")
+def bandwidth(sparkgate_state):
+    """Memory bandwidth per profile: the published figure, or this machine's copy bandwidth, measured,
+    when the target is this machine and the profile publishes none (the CPU profile)."""
+    measured = {}
+
+    def of(profile):
+        if profile.memory_bandwidth_gbs:
+            return profile.memory_bandwidth_gbs, f"profile {profile.name}"
+        if sparkgate_state.target == "local":
+            if "local" not in measured:
+                measured["local"] = local_copy_bandwidth_gbs()
+            if measured["local"]:
+                return measured["local"], "this machine's copy bandwidth, measured (best of 5)"
+        return None, f"profile {profile.name} publishes no memory bandwidth"
+
+    return of
+
+
+@pytest.fixture
+def roofline(recipe, sparkgate_state, bandwidth):
+    """The decode ceiling of this recipe: every active weight read once per token."""
+    gbs, basis = bandwidth(sparkgate_state.profiles[recipe.profile])
+    ceiling = roofline_tok_s(gbs, recipe.model.active_params_b, recipe.model.bytes_per_param)
+    m = recipe.model
+    print(f"{recipe.name} roofline: " + (f"{ceiling:.1f} tok/s = {gbs:.1f} GB/s ({basis}) / ({m.active_params_b:g}B "
+                                         f"active x {m.bytes_per_param:g} bytes)" if ceiling else f"unknown: {basis}"))
+    return ceiling
+
+
+@pytest.fixture
+def record(results, recipe, check):
+    """Print a figure (with n, std and roofline share) and keep it in the results file."""
+
+    def keep(figure):
+        print(f"{recipe.name} [{check.id}]: {figure}")
+        if results:
+            results.add(figure, recipe, check.id)
+        return figure
+
+    return keep

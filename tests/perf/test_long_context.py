@@ -1,0 +1,66 @@
+"""A 30,000-token prompt (or as much as the recipe's context admits): decode, prefill and TTFT at depth."""
+
+import asyncio
+
+import pytest
+
+from sparkgate.measure import Figure, burst
+from sparkgate.workloads import chat, long_context_words, long_prompt
+
+pytestmark = pytest.mark.extended
+RUNS, MAX_TOKENS = 3, 256
+
+
+_RUNS: dict[str, tuple] = {}  # per recipe: both checks read the same three long runs
+
+
+@pytest.fixture
+def long_runs(server, recipe):
+    if recipe.name not in _RUNS:
+        _RUNS[recipe.name] = _measure(server, recipe)
+    return _RUNS[recipe.name]
+
+
+def _measure(server, recipe):
+    words = long_context_words(recipe, max_tokens=MAX_TOKENS)
+    asyncio.run(burst(server.base_url, [chat(recipe, "Say hi.", 8)]))  # warm-up, discarded
+    # Each prompt opens with its own random prefix: nothing comes from the prefix cache.
+    records = [asyncio.run(burst(server.base_url, [chat(recipe, long_prompt(words, seed), MAX_TOKENS)]))[0]
+               for seed in range(RUNS)]
+    shape = {"prompt": f"filler, {records[0].prompt_tokens} tokens, cache defeated", "max_tokens": MAX_TOKENS,
+             "ignore_eos": False, "thinking": "off", "temperature": 0.3, "concurrency": 1}
+    return records, shape
+
+
+def floor_check(check, recipe, name, figure):
+    floor = recipe.floors.get(name)
+    if floor is None:
+        check.cannot_run(f"recipe {recipe.name} declares no {name} floor ({figure} recorded)")
+    check.that(figure.mean >= floor.min, expected=f">= {floor.min:g} {floor.unit} ({floor.measured})",
+               found=f"{figure} on {recipe.name}, {figure.shape['prompt']}")
+
+
+@pytest.mark.check(
+    "PERF-LONG-DECODE",
+    why="agents send long contexts; decode at depth is what they feel (the guide: ~25% below short context)",
+    fix="compare with the last good run; check --max-num-batched-tokens and the attention backend",
+)
+def test_decode_after_a_long_prompt_meets_the_floor(check, recipe, long_runs, roofline, record):
+    """Decode after a ~30K-token uncached prompt MUST meet the recipe's floor."""
+    records, shape = long_runs
+    figure = record(Figure.of("long-context decode, per request", "tok/s", [r.decode_tok_s for r in records],
+                              shape, roofline))
+    floor_check(check, recipe, "long_context_decode", figure)
+
+
+@pytest.mark.check(
+    "PERF-LONG-PREFILL",
+    why="prefill sets the time to first token of every long agent request (~25 s at 30K on the 27B)",
+    fix="compare with the last good run; check chunked prefill and --max-num-batched-tokens",
+)
+def test_prefill_of_a_long_prompt_meets_the_floor(check, recipe, long_runs, record):
+    """Prefill of a ~30K-token uncached prompt MUST meet the recipe's floor."""
+    records, shape = long_runs
+    record(Figure.of("long-context TTFT", "s", [r.ttft_s for r in records], shape))
+    figure = record(Figure.of("long-context prefill", "tok/s", [r.prefill_tok_s for r in records], shape))
+    floor_check(check, recipe, "long_context_prefill", figure)

@@ -1,0 +1,80 @@
+"""The client's count against the server's own (/metrics): the instrument is checked on every run."""
+
+import asyncio
+
+import pytest
+
+from sparkgate import metrics
+from sparkgate.measure import Figure, burst
+from sparkgate.workloads import PROSE, chat
+
+
+@pytest.fixture
+def counted(server, recipe):
+    """Three streamed requests and the /metrics delta around them."""
+    before = metrics.scrape(server.base_url, server.served_name)
+    records = [asyncio.run(burst(server.base_url, [chat(recipe, p, 128)]))[0] for p in PROSE + PROSE[:1]]
+    after = metrics.scrape(server.base_url, server.served_name)
+    return records, metrics.delta(before, after)
+
+
+@pytest.mark.check(
+    "PERF-SERVER-TOKENS",
+    why="every figure divides by the token count; if the client's and the server's counts disagree, the "
+        "figures are wrong (or another client shares the server during the run)",
+    fix="run on a server no one else is using; if it persists, compare usage.completion_tokens with the "
+        "server log's per-request counts",
+)
+def test_the_servers_token_counter_agrees_with_the_client(check, counted):
+    """The server's generation-token counter MUST grow by exactly the tokens the client was sent."""
+    records, d = counted
+    client = sum(r.completion_tokens or 0 for r in records)
+    print(f"[{check.id}]: client counted {client} tokens in {len(records)} requests, the server's counter grew "
+          f"by {d.get(metrics.GENERATION_TOKENS, 'nothing (absent)')}")
+    check.that(d.get(metrics.GENERATION_TOKENS) == client, expected=f"{metrics.GENERATION_TOKENS} +{client}",
+               found=f"+{d.get(metrics.GENERATION_TOKENS, 'absent'):g}" if metrics.GENERATION_TOKENS in d
+               else "no such metric on /metrics")
+
+
+@pytest.mark.check(
+    "PERF-SERVER-ITL",
+    why="the server's inter-token latency and the client's decode rate time the same thing; a gap means "
+        "the client (or the network between) distorts the figures",
+    fix="measure from a machine closer to the server, or with fewer concurrent clients",
+)
+def test_the_servers_inter_token_latency_agrees_with_the_client(check, counted, record):
+    """The server's mean inter-token latency MUST be within 25% of the client's."""
+    records, d = counted
+    if not d.get(metrics.ITL_COUNT):
+        check.cannot_run(f"no {metrics.ITL_COUNT} on /metrics")
+    server_itl = d[metrics.ITL_SUM] / d[metrics.ITL_COUNT]
+    spans = [r.t_last_token - r.t_first_token for r in records]
+    client_itl = sum(spans) / sum((r.completion_tokens or 1) - 1 for r in records)
+    shape = {"prompt": "short prose", "max_tokens": 128, "requests": len(records)}
+    record(Figure.of("inter-token latency, client", "ms", [client_itl * 1000], shape))
+    record(Figure.of("inter-token latency, server (/metrics)", "ms", [server_itl * 1000], shape))
+    check.that(abs(server_itl - client_itl) <= 0.25 * server_itl,
+               expected=f"client within 25% of the server's {server_itl * 1000:.2f} ms",
+               found=f"client {client_itl * 1000:.2f} ms")
+
+
+@pytest.mark.check(
+    "PERF-SPEC-ACCEPT",
+    why="MTP acceptance can drop per launch; a low rate turns speculative decoding into overhead",
+    fix="restart the server (acceptance is set per launch); if it stays low, compare natural and forced "
+        "shapes: forced length (ignore_eos) depresses acceptance",
+)
+def test_speculative_decoding_accepts_drafts(check, recipe, counted, record):
+    """With MTP speculative decoding, the draft acceptance rate MUST meet the recipe's floor."""
+    if not recipe.features.mtp:
+        check.cannot_run(f"recipe {recipe.name} does not use speculative decoding")
+    _, d = counted
+    drafts = d.get(metrics.SPEC_DRAFT)
+    if not drafts:
+        check.cannot_run("no draft tokens counted on /metrics")
+    rate = d.get(metrics.SPEC_ACCEPTED, 0) / drafts
+    record(Figure.of("draft acceptance rate", "ratio", [rate], {"prompt": "short prose", "max_tokens": 128}))
+    floor = recipe.floors.get("spec_acceptance")
+    if floor is None:
+        check.cannot_run(f"recipe {recipe.name} declares no spec_acceptance floor (rate {rate:.2f} recorded)")
+    check.that(rate >= floor.min, expected=f">= {floor.min:g}", found=f"{rate:.2f}")
