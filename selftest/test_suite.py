@@ -167,6 +167,19 @@ def test_the_clients_token_count_equals_the_servers_counter(pytester, embedded_s
                                  "*inter-token latency, client * ms*", "*inter-token latency, server (/metrics) * ms*"])
 
 
+def test_a_saved_benchmark_baseline_gates_a_slower_engine(pytester, tmp_path, embedded_server):
+    """--benchmark-save on the good engine, --benchmark-compare-fail on a slowed one: the run must go red."""
+    args = ["-m", "perf", "--recipe=smollm2-cpu", f"--base-url={embedded_server.base_url}", "-k", "forced",
+            f"--benchmark-storage=file://{tmp_path}"]
+    baseline = run_suite(pytester, *args, "--benchmark-save=before")
+    baseline.assert_outcomes(passed=1)
+    with cpu_quota(server_group(embedded_server), 0.3):
+        after = run_suite(pytester, *args, "--benchmark-compare=0001", "--benchmark-compare-fail=mean:25%")
+    output = after.stdout.str() + after.stderr.str()
+    assert after.ret != 0 and "Performance has regressed" in output, output[-3000:]
+    assert "Field 'mean' has failed PercentageRegressionCheck" in output, output[-3000:]
+
+
 def server_group(srv):
     """The pids of the embedded server's process group (the API server and its engine processes)."""
     port = srv.base_url.rsplit(":", 1)[1]
