@@ -148,6 +148,17 @@ def test_a_floor_the_server_cannot_reach_fails_the_natural_check(pytester, tmp_p
                                  "*% of the * tok/s roofline on smollm2-cpu*"])
 
 
+def test_a_concurrency_floor_the_server_cannot_reach_fails_the_concurrency_check(pytester, tmp_path,
+                                                                               embedded_server):
+    recipes = broken_recipe(tmp_path, lambda d: d["floors"]["concurrent_4_decode"].update(min=100000))
+    result = run_suite(pytester, "-m", "perf", f"--recipes-dir={recipes}", "--recipe=smollm2-cpu",
+                       f"--base-url={embedded_server.base_url}", "-k", "decode_under_concurrency")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*[[]PERF-CONCURRENT[]]*", "*expected: every level at or above its floor*",
+                                 "*found:    on smollm2-cpu, short prose and code prompts, max_tokens 250: decode per "
+                                 "request at 4 concurrent * +/- * tok/s (n=4, sample std)* < 100000 *"])
+
+
 def test_a_slowed_engine_fails_the_natural_floor(pytester, embedded_server):
     """The same engine held to 0.3 of one core (a cgroup CPU quota) must fail its floor, not pass it."""
     with cpu_quota(server_group(embedded_server), 0.3):

@@ -38,7 +38,8 @@ def test_per_request_decode_under_concurrency_meets_the_floors(check, server, re
                          [aggregate_tok_s(records)], shape))
         floor = recipe.floors.get("single_stream_decode" if c == 1 else f"concurrent_{c}_decode")
         if floor and figure.mean < floor.min:
-            short.append(f"{c} concurrent: {figure} < {floor.min:g} ({floor.measured})")
+            short.append(f"{figure} < {floor.min:g} ({floor.measured}; {floor.source})")
     if not any(k == "single_stream_decode" or k.startswith("concurrent_") for k in recipe.floors):
         check.cannot_run(f"recipe {recipe.name} declares no concurrency floors (figures were recorded)")
-    check.that(not short, expected="every level at or above its floor", found="; ".join(short))
+    check.that(not short, expected="every level at or above its floor",
+               found=f"on {recipe.name}, short prose and code prompts, max_tokens {MAX_TOKENS}: " + "; ".join(short))

@@ -36,4 +36,4 @@ def test_sustained_load_keeps_every_stream_at_its_floor(check, server, recipe, r
     short = [f"{name}: {floors[name]} < {floor.min:g} ({floor.measured})" for name, floor in declared.items()
              if floors[name].mean < floor.min]
     check.that(not short, expected=" and ".join(f"{n} >= {f.min:g} tok/s" for n, f in declared.items()),
-               found="; ".join(short))
+               found=f"on {recipe.name}, shape {shape}: " + "; ".join(short))
