@@ -15,7 +15,7 @@ from selftest.testhost.spark01 import HostSpec, TestHost
 from .test_suite import run_suite
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs root (network namespaces)")
-DOCKER = "not docker_engine"  # spark01 has no docker engine yet: HOST-DOCKER is proven red only, below
+DOCKER = "not docker_engine"  # spark01 runs no engine: HOST-DOCKER is red here, green in test_container_layer
 
 
 def host_layer(pytester, host, *args):

@@ -46,6 +46,18 @@ class State:
         self._facts: HostFacts | None = None
         self.results = ResultsFile(Path(opt.sg_results_json)) if opt.sg_results_json else None
         self.start_errors: dict[str, str] = {}
+        self._docker: Any = None
+
+    @property
+    def docker(self) -> Any:
+        """The target's docker engine (sparkgate.docker_launcher.DockerEngine), opened on first use."""
+        if self._docker is None:
+            from .docker_launcher import DockerEngine
+
+            opt = self.config.option
+            self._docker = DockerEngine(self.target, opt.ssh_config, opt.ssh_identity_file,
+                                        docker_host=opt.sg_docker_host, pull=opt.sg_docker_pull)
+        return self._docker
 
     @property
     def host(self) -> Any:
@@ -113,6 +125,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--list-checks", dest="sg_list_checks", default=None, metavar="PATH",
                     help="write the collected checks (ID, layer, MUST, why, fix) as Markdown to PATH "
                          "('-': the terminal) and run nothing")
+    group.addoption("--docker-host", dest="sg_docker_host", default=None, metavar="URL",
+                    help="the docker engine to use, as DOCKER_HOST (default: the local engine for --host local, "
+                         "else the engine's socket on --host, forwarded over ssh with the ssh options given)")
+    group.addoption("--docker-pull", dest="sg_docker_pull", action="store_true", default=False,
+                    help="pull a docker recipe's image when the engine lacks it (default: refuse, never pull)")
     group.addoption("--startup-timeout", dest="sg_startup_timeout", type=float, default=1800, metavar="S",
                     help="seconds to wait for a recipe to serve (default 1800: a Spark loads for minutes)")
 
@@ -123,6 +140,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "extended: long shapes (30K-token prompts, sustained load)")
     config.addinivalue_line("markers", "check(id, why, fix): the stable ID of an acceptance check")
     config.stash[STATE] = State(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(STATE, None)
+    if state is not None and state._docker is not None:
+        state._docker.close()  # the ssh forward of the engine's socket
 
 
 def _layer(item: pytest.Item) -> str | None:
@@ -293,7 +316,7 @@ def _served(recipe: Recipe, sparkgate_state: State, pytestconfig: pytest.Config)
     try:
         with serving(recipe, sparkgate_state.profiles[recipe.profile],
                      lambda: sparkgate_state.host.file("/proc/meminfo").content_string,
-                     _progress(pytestconfig), opt.sg_startup_timeout) as srv:
+                     _progress(pytestconfig), opt.sg_startup_timeout, docker=lambda: sparkgate_state.docker) as srv:
             _record_environment(pytestconfig, sparkgate_state.facts,
                                 {f"Recipe {recipe.name}": f"{recipe.model.id} ({recipe.digest})"})
             _record_server(srv, sparkgate_state)

@@ -59,6 +59,7 @@ class Model(_Strict):
     native_context: int
     disk_gib: float = Field(0, description="weights on disk, what the model cache must hold")
     gdn_hybrid: bool = Field(False, description="Gated DeltaNet hybrid (affected by the cudagraph defect)")
+    yarn: bool = Field(False, description="the recipe extends the context past native_context with YaRN")
 
 
 class Memory(_Strict):
@@ -102,6 +103,13 @@ class Recipe(_Strict):
     restart: Literal["no", "on-failure", "unless-stopped", "always"] = "unless-stopped"
     env: dict[str, str] = {}
     serve_args: list[str] = Field(description="exactly what follows `vllm serve MODEL`")
+    # How the docker launcher runs the container (docker recipes only).
+    entrypoint: list[str] | None = Field(None, description="null: the image's own (`vllm serve` upstream)")
+    volumes: list[str] = Field([], description="host_path:container_path[:ro], as docker run -v")
+    network: str = Field("host", description="docker network mode")
+    ipc: str | None = Field("host", description="docker ipc mode; null: docker's default")
+    ports: dict[int, int] = Field({}, description="container port -> host port (not with network host)")
+    gpus: Literal["all", "none"] = Field("all", description="GPU request, as docker run --gpus")
     port: int = 8000
     memory: Memory
     features: Features = Features()

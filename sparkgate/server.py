@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -48,8 +49,12 @@ class Server:
     started: bool  # False: it was already running (--base-url) and is not ours to stop
     log_path: Path | None = None
     facts: dict[str, str] = field(default_factory=dict)
+    container: str | None = None  # the docker launcher's container (its name)
+    logs: Callable[[], str] | None = None  # the server's log, where it is not a file (a container's)
 
     def log_text(self) -> str:
+        if self.logs is not None:
+            return self.logs()
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
 
@@ -182,20 +187,41 @@ class ProcessLauncher:
         return True
 
 
-def launcher_for(recipe: Recipe) -> ProcessLauncher:
+def launcher_for(recipe: Recipe, docker: Callable[[], Any] | None = None,
+                 preflight: Callable[[], None] | None = None) -> Any:
+    """The recipe's launcher. `docker()` gives the target's DockerEngine; the docker launcher runs `preflight`
+    itself: not at all when it reuses a running container, else after stopping the one it replaces."""
     if recipe.launcher == "process":
         return ProcessLauncher(recipe)
-    raise StartError(f"{recipe.name}: the {recipe.launcher} launcher is not available in this version")
+    if recipe.launcher == "docker" and docker is not None:
+        from .docker_launcher import DockerLauncher
+
+        return DockerLauncher(recipe, docker(), preflight)
+    raise StartError(f"{recipe.name}: the {recipe.launcher} launcher needs the target's docker engine")
 
 
 @contextmanager
 def serving(recipe: Recipe, profile: Profile, read_meminfo: Callable[[], str], progress: Progress,
-            timeout_s: float) -> Iterator[Server]:
+            timeout_s: float, docker: Callable[[], Any] | None = None) -> Iterator[Server]:
     """Bring `recipe` up, hand it out, and always take down what was started."""
-    preflight_memory(recipe, profile, parse_meminfo(read_meminfo())["MemAvailable"])
-    launcher = launcher_for(recipe)
+    from .docker_launcher import gguf_of_gdn_hybrid
+    from .vllmlog import parse as parse_log
+
+    if why := gguf_of_gdn_hybrid(recipe):
+        raise StartError(why)
+
+    def preflight() -> None:
+        preflight_memory(recipe, profile, parse_meminfo(read_meminfo())["MemAvailable"])
+
+    launcher = launcher_for(recipe, docker, preflight)
+    if isinstance(launcher, ProcessLauncher):
+        preflight()
     try:
-        yield launcher.start(progress, timeout_s)
+        server = launcher.start(progress, timeout_s)
+        if server.log_path is not None:  # the startup facts of vLLM's log, for the results file
+            server.facts.update(parse_log(server.log_text()).summary())
+        yield server
     finally:
         if launcher.stop():
-            progress(f"{recipe.name}: stopped and removed")
+            progress(f"{recipe.name}: stopped and removed" + (f"; {launcher.restored}" if getattr(
+                launcher, "restored", None) else ""))

@@ -38,8 +38,21 @@ ln -s /proc/self/fd/2 "$root/dev/stderr"
 mount -t tmpfs -o nosuid,nodev,mode=755 tmpfs "$root/run"
 mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs "$root/tmp"
 
-# A later piece that runs dockerd here will also need cgroup mounts under $root/sys/fs/cgroup
-# (sys stays a plain directory: /sys/module/nvidia/version is a file of the HostSpec).
+# Paths of this machine, read-only at the same path (HostSpec.binds: e.g. a venv mounted into containers).
+if [ -f "$run/binds" ]; then
+    while read -r p; do
+        mkdir -p "$root$p" && mount --bind -o ro "$p" "$root$p"
+    done < "$run/binds"
+fi
+
+# dockerd (HostSpec.docker) needs the cgroup hierarchies (sys stays a plain directory otherwise:
+# /sys/module/nvidia/version is a file of the HostSpec) and a data root that is not on the overlay.
+if [ -d "$run/docker-data" ]; then
+    mkdir -p "$root/sys/fs/cgroup" "$root/var/lib/docker"
+    mount --rbind /sys/fs/cgroup "$root/sys/fs/cgroup"
+    mount --bind "$run/docker-data" "$root/var/lib/docker"
+fi
+
 [ -f "$run/hook" ] && sh -e "$run/hook" "$root"
 
 exec chroot "$root" /usr/local/lib/sparkgate-testhost/init

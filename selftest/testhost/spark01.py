@@ -122,6 +122,14 @@ class HostSpec:
     os_release: str | None = UBUNTU_NOBLE  # /etc/os-release; None: the rootfs's own (Debian 12)
     extra_packages: tuple[str, ...] = ()  # more Debian packages in the rootfs (e.g. docker.io); own cache
     setup_hook: str | None = None  # sh run in the host's namespaces before its init; $1 is the host's root
+    # A real docker engine (Debian's docker.io) in the host: cgroups bound in, a data root that is not on the
+    # overlay, dockerd started by init (no bridge, no iptables: containers use the host's network).
+    docker: bool = False
+    binds: tuple[str, ...] = ()  # paths of this machine bound read-only at the same path in the host
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        return (*self.extra_packages, "docker.io") if self.docker else self.extra_packages
 
     @property
     def loaded_version(self) -> str | None:
@@ -372,7 +380,7 @@ class TestHost:
             raise PermissionError("a sparkgate test host needs root (network namespaces, mounts)")
         try:
             self.stop()  # what a crashed run of the same name left
-            rootfs = build_rootfs(self.spec.extra_packages)
+            rootfs = build_rootfs(self.spec.packages)
             self._prepare(rootfs)
             self._network()
             self._launch(rootfs)
@@ -391,7 +399,9 @@ class TestHost:
             if master := re.search(r"pid=(\d+)", check.stderr):
                 subprocess.run([*ssh, "exit", self.name], capture_output=True, timeout=10)
                 _wait_gone(int(master[1]))
+        self._stop_docker()
         self._kill()
+        self._remove_cgroups()
         if Path(f"/run/netns/{self.netns}").exists():
             _run(["ip", "netns", "delete", self.netns])
         # The netns takes the veth pair along (a moment later); a crashed run's may still be there.
@@ -402,6 +412,31 @@ class TestHost:
         if self._control_dir:
             _rm_tree(self._control_dir)
             self._control_dir = None
+
+    @property
+    def cgroup_parent(self) -> str:
+        return f"sparkgate-testhost-{self.name}"
+
+    def _stop_docker(self) -> None:
+        """Remove the host's containers and stop its dockerd while they can still clean up after themselves."""
+        if not self.spec.docker or self._init_pid is None:
+            return
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self.run('ids=$(docker ps -aq 2>/dev/null); [ -z "$ids" ] || docker rm -f $ids >/dev/null 2>&1; '
+                     'pid=$(cat /run/docker.pid 2>/dev/null) && kill "$pid" && '
+                     'for i in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done', timeout=40)
+
+    def _remove_cgroups(self) -> None:
+        """The host engine's cgroups (empty once its processes are gone), in every hierarchy."""
+        for hierarchy in Path("/sys/fs/cgroup").iterdir():
+            top = hierarchy / self.cgroup_parent
+            if top.is_dir():
+                for d in sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+                    if d.is_dir():
+                        with contextlib.suppress(OSError):
+                            d.rmdir()
+                with contextlib.suppress(OSError):
+                    top.rmdir()
 
     def _kill(self) -> None:
         pids: dict[str, Any] = {}
@@ -450,6 +485,13 @@ class TestHost:
         upper.copy(FILES / "init", "usr/local/lib/sparkgate-testhost/init")
         if spec.setup_hook:
             (self.rundir / "hook").write_text(spec.setup_hook)
+        if spec.binds:
+            (self.rundir / "binds").write_text("".join(f"{os.path.abspath(p)}\n" for p in spec.binds))
+        if spec.docker:
+            (self.rundir / "docker-data").mkdir()
+            # Its own cgroup parent, so that stop() removes exactly this engine's cgroups.
+            args = f"--bridge=none --iptables=false --ip-masq=false --cgroup-parent=/{self.cgroup_parent}"
+            upper.write("etc/sparkgate-testhost/dockerd.args", args + "\n")
 
         # The stand-ins, and what they print.
         upper.write("etc/sparkgate-testhost/standin.env", self._standin_env())
@@ -759,12 +801,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--secure-boot", choices=["enabled", "disabled", "absent"])
     parser.add_argument("--mem-available-kb", type=int)
     parser.add_argument("--model-server", action="append", choices=sorted(MODEL_SERVERS), default=[])
+    parser.add_argument("--docker", action="store_true", help="a real docker engine in the host (docker.io)")
     args = parser.parse_args(argv)
     if args.action == "build":
         print(build_rootfs())
         return 0
 
-    spec = HostSpec(model_servers=args.model_server)
+    spec = HostSpec(model_servers=args.model_server, docker=args.docker)
     for attr in ("driver_version", "module_version", "sys_module_version", "module_signer", "kernel", "arch"):
         if getattr(args, attr) is not None:
             setattr(spec, attr, getattr(args, attr))

