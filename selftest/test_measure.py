@@ -82,13 +82,15 @@ def test_aggregate_is_the_sum_over_streams_not_a_per_request_speed(reference):
     assert aggregate == pytest.approx(4 * 50 / (0.05 + 49 * 0.02), rel=0.05)
 
 
-def test_a_non_2xx_answer_raises_rather_than_timing_an_error(reference):
-    """An error status MUST raise, never become a record with no tokens."""
-    async def bad():
+def test_a_failed_request_is_recorded_as_failed_never_timed(reference):
+    """An error status, or a dropped connection, MUST come back as an error: never as a record with a speed."""
+    async def send(url):
         async with httpx.AsyncClient() as client:
-            await stream_chat(client, reference + "/elsewhere", {})
-    with pytest.raises(httpx.HTTPStatusError):
-        asyncio.run(bad())
+            return await stream_chat(client, url, {})
+    wrong_path = asyncio.run(send(reference + "/elsewhere"))
+    refused = asyncio.run(send("http://127.0.0.1:9"))
+    assert wrong_path.error.startswith("HTTP 404") and wrong_path.decode_tok_s is None
+    assert refused.error.startswith("ConnectError") and refused.decode_tok_s is None
 
 
 def test_client_timing_ceiling_is_printed(reference):

@@ -61,3 +61,13 @@ def test_reasoning_and_tool_arguments_are_scanned_too():
         {"function": {"name": "get_weather", "arguments": '{"city": "Par\x00is"}'}}]}
     found = sanity.summary(sanity.scan_message(message, "Capital of France?"))
     assert "in the reasoning field" in found and "in tool call 'get_weather'" in found
+
+
+def test_only_what_people_wrote_allows_a_script_not_what_a_tool_returned():
+    body = {"messages": [{"role": "system", "content": "You are an agent."},
+                         {"role": "user", "content": "Read the file."},
+                         {"role": "tool", "content": "文件内容"}],
+            "tools": [{"type": "function", "function": {"name": "read", "description": "读取"}}]}
+    assert sanity.scan("压力 with.", sanity.prompt_text(body)) != []
+    body["messages"][1]["content"] = "把文件读一下。"
+    assert sanity.scan("压力", sanity.prompt_text(body)) == []

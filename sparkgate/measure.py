@@ -32,6 +32,7 @@ class RequestRecord(BaseModel):
     finish_reason: str | None = None
     text: str = ""
     reasoning: str = ""
+    error: str | None = Field(None, description="why the request did not complete; None: it did")
 
     @property
     def ttft_s(self) -> float | None:
@@ -136,7 +137,7 @@ async def closed_loop(base_url: str, make_body: Callable[[int], dict[str, Any]],
     async def stream(client: httpx.AsyncClient, k: int) -> None:
         i = 0
         while time.monotonic() < deadline:
-            records.append(await stream_chat(client, base_url, make_body(k * 10_000 + i)))
+            records.append(await stream_chat(client, base_url, make_body(k + i * streams)))
             i += 1
 
     async with httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=streams)) as client:
@@ -151,9 +152,23 @@ def _delta_has_token(delta: dict[str, Any]) -> tuple[bool, str, str]:
 
 
 async def stream_chat(client: httpx.AsyncClient, base_url: str, body: dict[str, Any]) -> RequestRecord:
-    """Send one streamed chat completion and time it. Raises httpx.HTTPStatusError on a non-2xx answer."""
-    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    """Send one streamed chat completion and time it. A request that fails (an HTTP error status, an error
+    event in the stream, a dropped connection) comes back with `error` set: never timed, never lost."""
     record = RequestRecord(t_sent=time.monotonic())
+    try:
+        await _stream_into(record, client, base_url, body)
+    except httpx.HTTPStatusError as exc:
+        record.error = f"HTTP {exc.response.status_code}: {exc.response.text[:300]}"
+    except httpx.HTTPError as exc:
+        record.error = f"{type(exc).__name__}: {exc} (after {record.completion_tokens or 0} tokens)"
+    if record.error is None and record.completion_tokens is None:
+        record.error = "the stream ended without a usage chunk"
+    return record
+
+
+async def _stream_into(record: RequestRecord, client: httpx.AsyncClient, base_url: str,
+                       body: dict[str, Any]) -> None:
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     async with aconnect_sse(client, "POST", f"{base_url}/v1/chat/completions", json=body) as source:
         if source.response.status_code >= 400:
             await source.response.aread()
@@ -165,6 +180,9 @@ async def stream_chat(client: httpx.AsyncClient, base_url: str, body: dict[str, 
             if event.data == "[DONE]":
                 break
             chunk = json.loads(event.data)
+            if error := chunk.get("error"):
+                record.error = f"error event in the stream: {json.dumps(error)[:300]}"
+                return
             if usage := chunk.get("usage"):
                 record.prompt_tokens = usage.get("prompt_tokens")
                 record.completion_tokens = usage.get("completion_tokens")
@@ -176,4 +194,3 @@ async def stream_chat(client: httpx.AsyncClient, base_url: str, body: dict[str, 
                 record.text += content
                 record.reasoning += reasoning
                 record.finish_reason = choice.get("finish_reason") or record.finish_reason
-    return record

@@ -16,10 +16,20 @@ from typing import Any
 # ---- chat ------------------------------------------------------------------------------------------------
 
 
+THINKING_OFF = {"enable_thinking": False}
+
+
 def chat_body(model: str, text: str, max_tokens: int = 48, **extra: Any) -> dict[str, Any]:
-    """One user turn, greedy: the same question gets the same answer, so a failure reproduces."""
+    """One user turn, greedy: the same question gets the same answer, so a failure reproduces. Thinking is
+    off (a reasoning model would spend a short budget thinking and answer nothing); templates without the
+    switch ignore it."""
     return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-            "temperature": 0, **extra}
+            "temperature": 0, "chat_template_kwargs": THINKING_OFF, **extra}
+
+
+def said(answer: str, text: str) -> bool:
+    """`answer` appears in `text` as a whole word (so "red" is not found in "hundred")."""
+    return re.search(rf"(?<![\w.]){re.escape(answer)}(?![\w]|\.\d)", text, re.IGNORECASE) is not None
 
 
 @dataclass(frozen=True)
@@ -30,7 +40,7 @@ class Probe:
     answer: str  # must appear as a whole word in the reply
 
     def answered(self, text: str) -> bool:
-        return re.search(rf"(?<![\w.]){re.escape(self.answer)}(?![\w]|\.\d)", text, re.IGNORECASE) is not None
+        return said(self.answer, text)
 
 
 # Chosen so that even the embedded default (135M parameters) answers them: it gets "17*23" wrong (381),
@@ -140,6 +150,9 @@ class Picture:
     question: str
     answers: tuple[str, ...]  # any of them, as a whole word, is a correct description
 
+    def answered(self, text: str) -> bool:
+        return any(said(a, text) for a in self.answers)
+
     @property
     def data_url(self) -> str:
         return "data:image/png;base64," + base64.b64encode(self.png).decode()
@@ -221,8 +234,10 @@ def agent_body(model: str, padding_chars: int, max_tokens: int = 64, n_tools: in
     # Every other name sorts before "write", so sorted by name it is last, as in the guide's payload.
     names = sorted(set(_TOOL_NAMES) - {"write"})[:n_tools - 1] + ["write"]
     tools = [_agent_tool(n) for n in names]
-    user = ("The test suite fails with 'KeyError: timeout' in the configuration loader. Find the cause and "
-            "fix it. Start by saying in one sentence what you will do first.")
+    # Plain English, no error text to echo: SmolLM2 at greedy loops on a quoted "KeyError:" (a model's loop,
+    # not a serving defect, and this body is meant to find serving defects).
+    user = ("The tests of the configuration loader fail. Find the cause and fix it. Start by saying in one "
+            "sentence what you will do first.")
     lines: list[str] = []
     while sum(map(len, lines)) < padding_chars:
         lines.append(_GUIDELINES.format(n=len(lines) + 1, area=_AREAS[len(lines) % len(_AREAS)]))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -58,7 +57,7 @@ class ResultsFile:
                                            image=recipe.image, server=server or {}))
         self._write()
 
-    def add(self, figure: Figure, recipe: Recipe, check: str, **_: Any) -> None:
+    def add(self, figure: Figure, recipe: Recipe, check: str) -> None:
         self.data.measurements.append(Measurement(**figure.model_dump(), recipe=recipe.name, check=check))
         self._write()
 

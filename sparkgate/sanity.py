@@ -206,7 +206,9 @@ def scan(text: str, prompt: str = "", allow_tokens: Collection[str] = ()) -> lis
 
 
 def prompt_text(body: Mapping[str, Any]) -> str:
-    """All the text a chat request carries (messages, tools), to know which scripts the prompt uses."""
+    """What the people behind a chat request wrote (system and user turns), to know which scripts an answer
+    may use. Tool definitions and tool results are left out: a file an agent read may hold any script, and
+    allowing it would blind the detector in exactly the agent replays that reproduce garbage."""
     parts: list[str] = []
 
     def walk(value: Any) -> None:
@@ -219,8 +221,9 @@ def prompt_text(body: Mapping[str, Any]) -> str:
             for v in value:
                 walk(v)
 
-    walk(body.get("messages", []))
-    walk(body.get("tools", []))
+    for message in body.get("messages") or []:
+        if isinstance(message, Mapping) and message.get("role") in ("system", "developer", "user"):
+            walk(message.get("content"))
     walk(body.get("prompt", ""))
     return "\n".join(parts)
 

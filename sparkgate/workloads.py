@@ -38,7 +38,7 @@ def long_prompt(words: int, seed: int) -> str:
     rng = random.Random(seed)
     head = f"Reference {rng.getrandbits(64):016x}. "
     body = (FILLER * (words // len(FILLER.split()) + 1)).split()[:words]
-    return head + " ".join(body) + "\n\nSummarise the report above in three sentences."
+    return head + " ".join(body) + "\n\nWrite a detailed report on the above, section by section."
 
 
 def long_context_words(recipe: Recipe, target_tokens: int = 30_000, max_tokens: int = 256) -> int:

@@ -44,3 +44,20 @@ def record(results, recipe, check):
         return figure
 
     return keep
+
+
+@pytest.fixture
+def completed(check):
+    """The records of a shape, every one of which must have completed and be timeable: a figure over the
+    survivors of a failing batch would pass a floor the failures never met."""
+
+    def judge(records, what="request"):
+        bad = [f"{what} {i}: {r.error or f'{r.completion_tokens} tokens, nothing to time'}"
+               for i, r in enumerate(records) if r.error or r.decode_tok_s is None]
+        check.that(not bad, expected=f"every {what} completes with at least 2 timed tokens",
+                   found=f"{len(bad)} of {len(records)} did not: " + "; ".join(bad[:4]),
+                   fix="read the server log for the failed requests: errors under load are a server defect, "
+                       "before any speed figure means anything")
+        return records
+
+    return judge

@@ -22,7 +22,8 @@ MAX_TOKENS = 250
     fix="if even one user is below the usable speed, read PERF-NATURAL's message; otherwise plan for at most "
         "the reported number of concurrent users (or raise --max-num-seqs and re-run to look further)",
 )
-def test_capacity_sweep_reports_the_largest_usable_concurrency(check, server, recipe, roofline, record, request):
+def test_capacity_sweep_reports_the_largest_usable_concurrency(check, server, recipe, roofline, record, request,
+                                                               completed):
     """Doubling concurrency from 1, per-request decode MUST be usable at 1; the largest usable level is reported."""
     usable = request.config.getoption("sg_usable_tok_s")
     floor = recipe.floors.get("usable_decode")
@@ -34,10 +35,11 @@ def test_capacity_sweep_reports_the_largest_usable_concurrency(check, server, re
     while level <= limit:
         shape = {"prompt": "short prose and code", "max_tokens": MAX_TOKENS, "ignore_eos": False,
                  "thinking": "off", "temperature": 0.2, "concurrency": level}
-        records = asyncio.run(burst(server.base_url, [chat(recipe, prompts[i % 4], MAX_TOKENS, 0.2)
-                                                      for i in range(level)]))
+        records = completed(asyncio.run(burst(server.base_url, [chat(recipe, prompts[i % 4], MAX_TOKENS, 0.2)
+                                                                for i in range(level)])),
+                            f"request at {level} concurrent")
         figure = record(Figure.of(f"capacity sweep: decode per request at {level} concurrent", "tok/s",
-                                  [r.decode_tok_s for r in records if r.decode_tok_s], shape, roofline))
+                                  [r.decode_tok_s for r in records], shape, roofline))
         ttft = max(r.ttft_s or 0 for r in records)
         rows.append(f"{level}: {figure.mean:.1f} tok/s per request, {aggregate_tok_s(records):.1f} aggregate, "
                     f"worst TTFT {ttft:.2f} s")

@@ -22,7 +22,8 @@ def levels_for(recipe):
     fix="compare with the last good run; check --max-num-seqs and --max-num-batched-tokens against the "
         "recipe, and TTFT (queueing) before errors, as the saturation signal",
 )
-def test_per_request_decode_under_concurrency_meets_the_floors(check, server, recipe, roofline, record):
+def test_per_request_decode_under_concurrency_meets_the_floors(check, server, recipe, roofline, record,
+                                                               completed):
     """Per-request decode at each concurrency level up to max-num-seqs MUST meet the recipe's floor for it."""
     prompts = PROSE + CODE
     asyncio.run(burst(server.base_url, [chat(recipe, prompts[0], 16)]))  # warm-up, discarded
@@ -30,9 +31,9 @@ def test_per_request_decode_under_concurrency_meets_the_floors(check, server, re
     for c in levels_for(recipe):
         shape = {"prompt": "short prose and code", "max_tokens": MAX_TOKENS, "ignore_eos": False,
                  "thinking": "off", "temperature": 0.2, "concurrency": c}
-        records = asyncio.run(burst(server.base_url, [chat(recipe, prompts[i % 4], MAX_TOKENS, 0.2)
-                                                      for i in range(c)]))
-        rates = [r.decode_tok_s for r in records if r.decode_tok_s]
+        records = completed(asyncio.run(burst(server.base_url, [chat(recipe, prompts[i % 4], MAX_TOKENS, 0.2)
+                                                                for i in range(c)])), f"request at {c} concurrent")
+        rates = [r.decode_tok_s for r in records]
         figure = record(Figure.of(f"decode per request at {c} concurrent", "tok/s", rates, shape, roofline))
         record(Figure.of(f"aggregate at {c} concurrent (capacity: {c} requests summed, not a speed)", "tok/s",
                          [aggregate_tok_s(records)], shape))

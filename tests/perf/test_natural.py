@@ -21,16 +21,14 @@ async def one_at_a_time(server, recipe, prompts):
     fix="compare the image and serve args with the last good run (--results-json); on GB10 check driver "
         ">= 590 (CUDA graphs, HOST-DRIVER-MIN) and that nothing else holds memory bandwidth",
 )
-def test_natural_single_stream_decode_meets_the_floor(check, server, recipe, roofline, record):
+def test_natural_single_stream_decode_meets_the_floor(check, server, recipe, roofline, record, completed):
     """Natural single-stream decode, per request, MUST meet the recipe's floor."""
     floor = recipe.floors.get("natural_decode")
     if floor is None:
         check.cannot_run(f"recipe {recipe.name} declares no natural_decode floor")
     # The first request after a start is warm-up (~5 tok/s on a Spark after idle): discarded.
-    records = asyncio.run(one_at_a_time(server, recipe, [PROSE[0], *PROSE, *CODE]))[1:]
+    records = completed(asyncio.run(one_at_a_time(server, recipe, [PROSE[0], *PROSE, *CODE]))[1:])
     rates = [r.decode_tok_s for r in records]
-    check.that(None not in rates, expected=f"{len(records)} timed generations of at least 2 tokens",
-               found=f"completion tokens {[r.completion_tokens for r in records]}")
     figure = record(Figure.of("natural decode, per request", "tok/s", rates, SHAPE, roofline))
     record(Figure.of("natural decode, prose", "tok/s", rates[:2], {**SHAPE, "prompt": "prose"}, roofline))
     record(Figure.of("natural decode, code", "tok/s", rates[2:], {**SHAPE, "prompt": "code"}, roofline))

@@ -17,23 +17,21 @@ DURATION_S, MAX_TOKENS = 60, 1500
         "sustained figure, and each user's speed under it",
     fix="compare with the last good run; watch TTFT (queueing) first, errors last",
 )
-def test_sustained_load_keeps_every_stream_at_its_floor(check, server, recipe, roofline, record):
-    """Under sustained load at max-num-seqs, per-request decode and the aggregate MUST meet the recipe's floors."""
+def test_sustained_load_keeps_every_stream_at_its_floor(check, server, recipe, roofline, record, completed):
+    """Under sustained load at max-num-seqs, per-request decode MUST meet the recipe's floor for that level."""
     streams = recipe.max_num_seqs
     prompts = PROSE + CODE
-    records = asyncio.run(closed_loop(server.base_url, lambda i: chat(recipe, prompts[i % 4], MAX_TOKENS),
-                                      streams, DURATION_S))
+    records = completed(asyncio.run(closed_loop(server.base_url, lambda i: chat(recipe, prompts[i % 4], MAX_TOKENS),
+                                                streams, DURATION_S)), "request under sustained load")
     shape = {"prompt": "prose and code", "max_tokens": MAX_TOKENS, "ignore_eos": False, "thinking": "off",
              "temperature": 0.3, "concurrency": streams, "duration_s": DURATION_S}
     figure = record(Figure.of(f"sustained decode per request at {streams} streams", "tok/s",
-                              [r.decode_tok_s for r in records if r.decode_tok_s], shape, roofline))
-    aggregate = record(Figure.of(f"sustained aggregate at {streams} streams (capacity, not a speed)", "tok/s",
-                                 [aggregate_tok_s(records)], shape))
-    floors = {f"concurrent_{streams}_decode": figure, "sustained_aggregate": aggregate}
-    declared = {name: recipe.floors[name] for name in floors if name in recipe.floors}
-    if not declared:
-        check.cannot_run(f"recipe {recipe.name} declares neither floor ({', '.join(floors)}); figures recorded")
-    short = [f"{name}: {floors[name]} < {floor.min:g} ({floor.measured})" for name, floor in declared.items()
-             if floors[name].mean < floor.min]
-    check.that(not short, expected=" and ".join(f"{n} >= {f.min:g} tok/s" for n, f in declared.items()),
-               found=f"on {recipe.name}, shape {shape}: " + "; ".join(short))
+                              [r.decode_tok_s for r in records], shape, roofline))
+    # Capacity, for planning: reported, never a floor (a sum over users is no one's speed).
+    record(Figure.of(f"sustained aggregate at {streams} streams (capacity, not a speed)", "tok/s",
+                     [aggregate_tok_s(records)], shape))
+    floor = recipe.floors.get(f"concurrent_{streams}_decode")
+    if floor is None:
+        check.cannot_run(f"recipe {recipe.name} declares no concurrent_{streams}_decode floor (figures recorded)")
+    check.that(figure.mean >= floor.min, expected=f">= {floor.min:g} tok/s per request ({floor.measured})",
+               found=f"{figure} on {recipe.name}, shape {shape}")

@@ -32,6 +32,7 @@ class Streamed:
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None
+    error: Any = None  # an error event the server sent mid-stream
 
     @property
     def done(self) -> bool:
@@ -43,6 +44,7 @@ class Streamed:
                 "tool_calls": [self.tool_calls[i] for i in sorted(self.tool_calls)]}
 
     def add(self, chunk: dict[str, Any]) -> None:
+        self.error = chunk.get("error") or self.error
         self.usage = chunk.get("usage") or self.usage
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
@@ -136,6 +138,8 @@ class Endpoint:
             self.check.that(False, expected="a stream that ends with data: [DONE]",
                             found=f"{len(out.events)} events, then {type(exc).__name__}: {exc} "
                                   f"(the connection dropped: did the server crash?)")
+        self.check.that(out.error is None, expected="a stream without error events",
+                        found=f"the server sent an error mid-stream: {short(out.error)}")
         self.clean(out.message, body, label)
         return out
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sparkgate import sanity
+from sparkgate import metrics, sanity
 from sparkgate.probes import COHERENCE, chat_body
 
 NOTES = (
@@ -28,16 +28,23 @@ def test_a_repeated_request_answers_the_same_uncached_and_cached(check, server, 
     body = chat_body(server.served_name, "According to the notes, what colour is the lighthouse door? "
                                          "Answer in one short sentence.", max_tokens=32)
     body["messages"].insert(0, {"role": "system", "content": system})
-    answers, cached = [], []
+    answers, hits = [], []
     for label in ("uncached", "cached"):
+        before = metrics.scrape(server.base_url, server.served_name)
         data = endpoint.chat(body, label=f"the {label} send")
         answers.append(data["choices"][0]["message"].get("content") or "")
-        cached.append(((data.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens"))
-    print(f"cached prompt tokens (when the server reports them): {cached}")
+        hits.append(metrics.delta(before, metrics.scrape(server.base_url, server.served_name))
+                    .get(metrics.PREFIX_CACHE_HITS))
+    print(f"prompt tokens served from the prefix cache ({metrics.PREFIX_CACHE_HITS}): uncached {hits[0]}, "
+          f"cached {hits[1]}")
     n = min(40, *(len(a) for a in answers))
     check.that(n > 0 and answers[0][:n] == answers[1][:n],
                expected="two non-empty answers that agree on their first 40 characters",
                found=f"uncached {answers[0][:80]!r}, cached {answers[1][:80]!r}")
+    if not hits[1]:
+        check.cannot_run(f"the second send was not served from the prefix cache ({metrics.PREFIX_CACHE_HITS} "
+                         f"+{hits[1]}): prefix caching is off, so the cached path was not exercised",
+                         "serve without --no-enable-prefix-caching")
 
 
 @pytest.mark.check("SERVE-CONCURRENT", why="every seat of --max-num-seqs is a user: a batch that corrupts one "

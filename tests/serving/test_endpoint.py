@@ -91,6 +91,13 @@ def test_questions_with_known_answers_get_them(check, server, endpoint):
                found="; ".join(wrong))
 
 
+def sdk_args(body):
+    """A request body as the openai client takes it: vLLM's own fields go through extra_body."""
+    own = {"chat_template_kwargs"}
+    return {**{k: v for k, v in body.items() if k not in own},
+            "extra_body": {k: v for k, v in body.items() if k in own}}
+
+
 @pytest.mark.check(
     "SERVE-OPENAI-SDK",
     why="agents use the official openai client, which is stricter than curl about the response shape; "
@@ -105,14 +112,15 @@ def test_the_openai_client_gets_the_known_answers_streamed_and_not(check, server
     try:
         for probe in COHERENCE:
             body = chat_body(server.served_name, probe.prompt, max_tokens=24)
-            completion = client.chat.completions.create(**body)
+            completion = client.chat.completions.create(**sdk_args(body))
             message = completion.choices[0].message.model_dump()
             endpoint.clean(message, body, label=f"{probe.prompt!r} (openai client)")
             if not probe.answered(message.get("content") or ""):
                 wrong.append(f"{probe.prompt!r} -> {message.get('content')!r} (expected {probe.answer!r})")
         probe = COHERENCE[0]
         body = chat_body(server.served_name, probe.prompt, max_tokens=24)
-        chunks = list(client.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+        chunks = list(client.chat.completions.create(**sdk_args(body), stream=True,
+                                                     stream_options={"include_usage": True}))
     except openai.OpenAIError as exc:
         check.that(False, expected="the openai client completes every request",
                    found=f"{type(exc).__name__}: {exc}")

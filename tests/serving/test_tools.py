@@ -9,7 +9,7 @@ import json
 import jsonschema
 import pytest
 
-from sparkgate.probes import TIME_SCHEMA, WEATHER_SCHEMA, time_tool, tool_history, weather_tool
+from sparkgate.probes import TIME_SCHEMA, WEATHER_SCHEMA, chat_body, time_tool, tool_history, weather_tool
 
 SCHEMAS = {"get_weather": WEATHER_SCHEMA, "get_time": TIME_SCHEMA}
 TOOLS_FIX = ("serve with --enable-auto-tool-choice and the --tool-call-parser that matches the model's format "
@@ -55,8 +55,7 @@ def call_problems(calls, expect_name=None, expect_value=None):
 
 
 def tools_body(server, question, tools, **extra):
-    return {"model": server.served_name, "temperature": 0, "max_tokens": 96, "tools": tools,
-            "messages": [{"role": "user", "content": question}], **extra}
+    return chat_body(server.served_name, question, max_tokens=96, tools=tools, **extra)
 
 
 @pytest.mark.check("SERVE-TOOLS-REQUIRED", why="agents force a tool call with tool_choice=required; an answer "
@@ -96,8 +95,8 @@ def test_tool_choice_auto_picks_the_right_tool_of_two(check, server, recipe, end
     # The conversation carries two earlier calls, as an agent's does: this tests that the server parses
     # the model's call, not whether a small model decides to call a tool unprompted.
     history = tool_history(recipe.arg("--tool-call-parser"))
-    body = {"model": server.served_name, "temperature": 0, "max_tokens": 96, "tool_choice": "auto",
-            "tools": [weather_tool(), time_tool()], "messages": [*history, {"role": "user", "content": question}]}
+    body = tools_body(server, question, [weather_tool(), time_tool()], tool_choice="auto")
+    body["messages"][:0] = history
     message = endpoint.chat(body)["choices"][0]["message"]
     problems = call_problems(message.get("tool_calls"), expect_name, expect_value)
     check.that(not problems, expected=f"a {expect_name} call naming {expect_value} in tool_calls[]",

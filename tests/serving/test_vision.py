@@ -2,7 +2,7 @@
 
 import pytest
 
-from sparkgate.probes import image_message, picture
+from sparkgate.probes import THINKING_OFF, image_message, picture
 
 
 @pytest.mark.check("SERVE-VISION", why="a vision tower that loads but sees nothing (wrong processor, image "
@@ -17,10 +17,10 @@ def test_an_image_with_known_content_is_described_correctly(check, server, recip
                          "SERVE-VISION-REJECT checks that it refuses images", "set features.vision: true")
     pic = picture(kind)
     body = {"model": server.served_name, "temperature": 0, "max_tokens": 512,
-            "chat_template_kwargs": {"enable_thinking": False},
+            "chat_template_kwargs": THINKING_OFF,
             "messages": [image_message(pic.question, pic.data_url)]}
     text = endpoint.chat(body, label=f"the {kind} image")["choices"][0]["message"].get("content") or ""
-    check.that(any(a.lower() in text.lower() for a in pic.answers),
+    check.that(pic.answered(text),
                expected=f"{' or '.join(pic.answers)} in the answer to {pic.question!r}", found=repr(text[:200]))
 
 
