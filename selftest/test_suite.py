@@ -140,25 +140,21 @@ def test_a_served_name_that_is_not_served_fails_the_models_check(pytester, tmp_p
                                  "*found:*'smollm2-135m-instruct'*", "*fix:*--served-model-name*"])
 
 
-def test_a_floor_the_server_cannot_reach_fails_the_natural_check(pytester, tmp_path, embedded_server):
-    recipes = broken_recipe(tmp_path, lambda d: d["floors"]["natural_decode"].update(min=100000))
+@pytest.mark.parametrize(("floor", "selection", "lines"), [
+    ("natural_decode", "natural", ["*[[]PERF-NATURAL[]]*", "*expected: >= 100000 tok/s*",
+                                   "*found:    natural decode, per request * +/- * tok/s (n=4, sample std), "
+                                   "*% of the * tok/s roofline on smollm2-cpu*"]),
+    ("concurrent_4_decode", "decode_under_concurrency", [
+        "*[[]PERF-CONCURRENT[]]*", "*expected: every level at or above its floor*",
+        "*found:    on smollm2-cpu, short prose and code prompts, max_tokens 250: decode per request at 4 "
+        "concurrent * +/- * tok/s (n=4, sample std)* < 100000 *"]),
+], ids=["natural", "concurrent"])
+def test_a_floor_the_server_cannot_reach_fails_its_check(pytester, tmp_path, embedded_server, floor, selection, lines):
+    recipes = broken_recipe(tmp_path, lambda d: d["floors"][floor].update(min=100000))
     result = run_suite(pytester, "-m", "perf", f"--recipes-dir={recipes}", "--recipe=smollm2-cpu",
-                       f"--base-url={embedded_server.base_url}", "-k", "natural")
+                       f"--base-url={embedded_server.base_url}", "-k", selection)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*[[]PERF-NATURAL[]]*", "*expected: >= 100000 tok/s*",
-                                 "*found:    natural decode, per request * +/- * tok/s (n=4, sample std), "
-                                 "*% of the * tok/s roofline on smollm2-cpu*"])
-
-
-def test_a_concurrency_floor_the_server_cannot_reach_fails_the_concurrency_check(pytester, tmp_path,
-                                                                               embedded_server):
-    recipes = broken_recipe(tmp_path, lambda d: d["floors"]["concurrent_4_decode"].update(min=100000))
-    result = run_suite(pytester, "-m", "perf", f"--recipes-dir={recipes}", "--recipe=smollm2-cpu",
-                       f"--base-url={embedded_server.base_url}", "-k", "decode_under_concurrency")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*[[]PERF-CONCURRENT[]]*", "*expected: every level at or above its floor*",
-                                 "*found:    on smollm2-cpu, short prose and code prompts, max_tokens 250: decode per "
-                                 "request at 4 concurrent * +/- * tok/s (n=4, sample std)* < 100000 *"])
+    result.stdout.fnmatch_lines(lines)
 
 
 def test_a_slowed_engine_fails_the_natural_floor(pytester, embedded_server):

@@ -228,11 +228,22 @@ def prompt_text(body: Mapping[str, Any]) -> str:
     return "\n".join(parts)
 
 
+REASONING_FIELDS = ("reasoning", "reasoning_content")  # this vLLM's name, then older builds
+
+
+def reasoning_of(message: Mapping[str, Any]) -> tuple[str | None, str]:
+    """Which field carries a message's thinking, and the thinking ("" and None when there is none)."""
+    for key in REASONING_FIELDS:
+        if message.get(key):
+            return key, message[key]
+    return None, ""
+
+
 def scan_message(message: Mapping[str, Any], prompt: str = "") -> list[Finding]:
     """Findings for one chat answer (a `message` or an assembled stream): its content and reasoning, and
     the guide's fingerprint, a literal <tool_call> in content while tool_calls stays empty."""
     content = message.get("content") or ""
-    reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
+    _, reasoning = reasoning_of(message)
     findings = scan(content, prompt)
     if "<tool_call>" in content and not message.get("tool_calls"):
         at = content.index("<tool_call>")

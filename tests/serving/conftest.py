@@ -49,7 +49,7 @@ class Streamed:
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             self.content += delta.get("content") or ""
-            for key in ("reasoning", "reasoning_content"):
+            for key in sanity.REASONING_FIELDS:
                 if delta.get(key):
                     self.reasoning += delta[key]
                     self.reasoning_key = key

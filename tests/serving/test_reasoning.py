@@ -6,7 +6,8 @@ left on against a small budget, a request can spend it all thinking and return e
 
 import pytest
 
-from sparkgate.probes import COHERENCE, chat_body
+from sparkgate.probes import COHERENCE, THINKING_OFF, chat_body
+from sparkgate.sanity import reasoning_of
 
 PROBE = COHERENCE[1]
 REASONING_FIX = ("serve with --reasoning-parser matching the model (qwen3 for Qwen3.x); this vLLM build returns "
@@ -18,13 +19,6 @@ def reasoning_declared(check, recipe):
     if not recipe.features.reasoning:
         check.cannot_run(f"recipe {recipe.name} does not declare a reasoning model (features.reasoning: false)",
                          "serve a reasoning model with --reasoning-parser NAME and set features.reasoning: true")
-
-
-def reasoning_of(message):
-    for key in ("reasoning", "reasoning_content"):
-        if message.get(key):
-            return key, message[key]
-    return None, ""
 
 
 @pytest.mark.check("SERVE-REASONING", why="clients show the answer and hide the thinking; thinking mixed into "
@@ -51,7 +45,7 @@ def test_thinking_off_gives_no_reasoning_and_costs_far_fewer_tokens(check, serve
     on = endpoint.chat(chat_body(server.served_name, PROBE.prompt, max_tokens=2048,
                                  chat_template_kwargs={"enable_thinking": True}), label="thinking on")
     off = endpoint.chat(chat_body(server.served_name, PROBE.prompt, max_tokens=2048,
-                                  chat_template_kwargs={"enable_thinking": False}), label="thinking off")
+                                  chat_template_kwargs=THINKING_OFF), label="thinking off")
     n_on, n_off = on["usage"]["completion_tokens"], off["usage"]["completion_tokens"]
     key, thinking = reasoning_of(off["choices"][0]["message"])
     content = off["choices"][0]["message"].get("content") or ""
