@@ -10,25 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 
 from .recipes import Recipe, RecipeError, load_recipes
 from .server import ProcessLauncher, cache_dir
 
 
-def docker_run(recipe: Recipe) -> str:
-    """The `docker run` a docker recipe stands for (the docker launcher issues the same through the API)."""
-    parts = ["docker", "run", "-d", "--name", recipe.container_name, "--restart", recipe.restart,
-             "--gpus", "all", "--ipc", "host", "--network", "host"]
-    for key, value in recipe.env.items():
-        parts += ["-e", f"{key}={value}"]
-    parts += [recipe.image, recipe.model.id, *recipe.serve_args]
-    return shlex.join(parts)
-
-
 def describe(recipe: Recipe) -> str:
     if recipe.launcher == "docker":
+        from .docker_launcher import docker_run
+
         return docker_run(recipe)
     return ProcessLauncher(recipe).describe()
 

@@ -192,6 +192,27 @@ def run_kwargs(recipe: Recipe) -> dict[str, Any]:
     return kw
 
 
+def docker_run(recipe: Recipe) -> str:
+    """The `docker run` that run_kwargs() stands for, for an operator to read before anything starts (the
+    launcher's bookkeeping labels left out)."""
+    ep = recipe.entrypoint or []
+    parts = ["docker", "run", "-d", "--name", recipe.container_name or "", "--restart", recipe.restart, "--init"]
+    if recipe.ipc:
+        parts += ["--ipc", recipe.ipc]
+    parts += ["--network", recipe.network]
+    if recipe.gpus == "all":
+        parts += ["--gpus", "all"]
+    for container_port, host_port in recipe.ports.items():
+        parts += ["-p", f"{host_port}:{container_port}"]
+    for volume in recipe.volumes:
+        parts += ["-v", volume]
+    if ep:
+        parts += ["--entrypoint", ep[0]]  # the rest of the entrypoint leads the command
+    for key, value in recipe.env.items():
+        parts += ["-e", f"{key}={value}"]
+    return shlex.join([*parts, recipe.image or "", *ep[1:], *expected_args(recipe)])
+
+
 def _flags(argv: list[str]) -> dict[str, list[str]]:
     """`--flag value`, `--flag=value` and bare `--switch` (value '') into flag -> values, in order."""
     out: dict[str, list[str]] = {}
@@ -402,17 +423,6 @@ class DockerLauncher:
         self.saved: dict[str, Any] | None = None  # the one we set aside, to bring back
         self.restored: str | None = None  # what stop() brought back, for the progress line
 
-    def describe(self) -> str:
-        kw = run_kwargs(self.recipe)
-        env = " ".join(f"-e {k}={shlex.quote(v)}" for k, v in self.recipe.env.items())
-        vols = " ".join(f"-v {v}" for v in self.recipe.volumes)
-        ep = self.recipe.entrypoint or []
-        entry = f"--entrypoint {shlex.quote(ep[0])} " if ep else ""  # the rest of it leads the command
-        gpus = "--gpus all " if self.recipe.gpus == "all" else ""
-        return (f"docker run -d --init --name {kw['name']} --restart {self.recipe.restart} --network "
-                f"{self.recipe.network} {gpus}{env} {vols} {entry}{self.recipe.image} "
-                f"{shlex.join([*ep[1:], *kw['command']])}")
-
     def start(self, progress: Progress, timeout_s: float) -> Server:
         import docker.errors
 
@@ -454,7 +464,7 @@ class DockerLauncher:
             # The memory arithmetic, before anything starts; after what it replaces has stopped (that one's
             # memory is free again), which stop() restores if the recipe is refused.
             self.preflight()
-        progress(f"{r.name}: {self.describe()}")
+        progress(f"{r.name}: {docker_run(r)}")
         try:
             self.container = client.containers.run(**run_kwargs(r))
         except docker.errors.APIError as exc:  # a bad volume path, a missing GPU runtime, a name taken meanwhile
