@@ -3,17 +3,18 @@ shipped GB10 recipes (no engine needed; test_container_layer.py runs them agains
 
 import pytest
 
-from sparkgate.docker_launcher import (
+from sparkgate.launch.container_spec import (
     arg_drift,
     config_drift,
     env_drift,
-    gguf_of_gdn_hybrid,
-    kv_pin_bytes,
     live_serve_args,
     required_env,
     run_kwargs,
 )
-from sparkgate.recipes import GIB, load_recipes
+from sparkgate.launch.lifecycle import gguf_of_gdn_hybrid
+from sparkgate.recipes import load_recipes
+from sparkgate.serveargs import ServeArgs
+from sparkgate.units import GIB
 
 RECIPES = load_recipes()
 QWEN38, CODER = RECIPES["qwen38-27b-nvfp4"], RECIPES["qwen3-coder-next-int4"]
@@ -76,7 +77,7 @@ def test_a_shell_wrapped_command_is_read_as_the_shell_would():
     ([], {"VLLM_CPU_KVCACHE_SPACE": "1"}, GIB),
 ])
 def test_the_kv_pin(args, env, pinned):
-    assert kv_pin_bytes(args, env) == pinned
+    assert ServeArgs(args, env).kv_pin_bytes() == pinned
 
 
 def test_a_gguf_of_a_gdn_hybrid_is_refused_and_native_checkpoints_are_not():

@@ -1,6 +1,9 @@
 """Recipes and profiles load, and a malformed one is one clear error naming its file and field."""
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +81,16 @@ def test_invalid_yaml_names_its_file(recipes_dir):
     path.write_text("name: smollm2-cpu\nmodel: [unclosed\n")
     with pytest.raises(RecipeError, match=f"{path}: not valid YAML"):
         load_recipes(recipes_dir)
+
+
+def test_two_processes_preparing_the_embedded_weights_at_once_both_get_it(tmp_path):
+    """Each writes aside under a name of its own and renames; the one that finishes second keeps the first's."""
+    env = {**os.environ, "SPARKGATE_CACHE": str(tmp_path)}
+    runs = [subprocess.Popen([sys.executable, "-m", "sparkgate.embedded"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in runs]
+    assert [p.returncode for p in runs] == [0, 0], [err[-2000:] for _, err in outs]
+    folder = tmp_path / "models" / "smollm2"
+    assert {out.strip() for out, _ in outs} == {str(folder)}
+    assert (folder / "config.json").exists() and list(folder.glob("*.safetensors"))
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["smollm2"], "a partial folder was left"

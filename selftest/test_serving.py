@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from sparkgate.launch import serving
 from sparkgate.recipes import load_profiles, load_recipes
-from sparkgate.server import serving
 
-from .test_suite import broken_recipe, run_suite
+from .test_suite import broken_recipe, local_mem_available, run_suite
 
 PORT = 18001  # beside the embedded default's 18000, so both can run
 
@@ -27,7 +27,7 @@ def random_weights(data):
 def garbage_server(tmp_path_factory):
     recipes = broken_recipe(tmp_path_factory.mktemp("random-weights"), random_weights)
     recipe = load_recipes(Path(recipes))["smollm2-cpu"]
-    with serving(recipe, load_profiles()["cpu"], lambda: Path("/proc/meminfo").read_text(), print, 600) as srv:
+    with serving(recipe, load_profiles()["cpu"], local_mem_available, print, 600) as srv:
         yield recipes, srv
 
 

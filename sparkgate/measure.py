@@ -4,22 +4,43 @@ Per request: monotonic timestamps when the request was sent, the first SSE event
 (content, reasoning or tool-call delta) arrived, and the last token arrived; N is the server's own count
 (usage.completion_tokens). Decode rate = (N - 1) / (t_last - t_first_token); TTFT = t_first_token - t_sent.
 These are the definitions of llama-benchy and `vllm bench serve`, so figures compare.
+
+A server whose stream carries no usage chunk (llama.cpp's, some proxies) has its tokens counted with the model's
+tokenizer instead, as llama-benchy does; a figure built on such counts says so in its method.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from httpx_sse import aconnect_sse
+from httpx_sse import SSEError, aconnect_sse
 from pydantic import BaseModel, Field
 
+from .stream import Assembled, StreamError
+
 METHOD = "sparkgate.stream/1: decode=(N-1)/(t_last-t_first_token), TTFT=t_first_token-t_sent, N=usage"
+METHOD_TOKENIZER = ("sparkgate.stream/1: decode=(N-1)/(t_last-t_first_token), TTFT=t_first_token-t_sent, "
+                    "N=the model's tokenizer (the stream carries no usage)")
+DEADLINE_S = 900  # no request may take longer in all (a trickling server holds a check no longer than this)
+
+
+@dataclass
+class Target:
+    """Where requests go, and how their tokens are counted when the stream does not say."""
+
+    base_url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    count_tokens: Callable[[str], int] | None = None  # the model's tokenizer, for streams without usage
+
+
+def target_of(where: Target | str) -> Target:
+    return where if isinstance(where, Target) else Target(where)
 
 
 class RequestRecord(BaseModel):
@@ -29,6 +50,7 @@ class RequestRecord(BaseModel):
     t_last_token: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    counted_by: str = Field("usage", description="usage: the server's count; tokenizer: counted here")
     finish_reason: str | None = None
     text: str = ""
     reasoning: str = ""
@@ -53,6 +75,11 @@ class RequestRecord(BaseModel):
         return self.prompt_tokens / ttft if self.prompt_tokens and ttft else None
 
 
+def method_of(records: list[RequestRecord]) -> str:
+    """The method a figure over `records` was measured with: whose token count it divides by."""
+    return METHOD_TOKENIZER if any(r.counted_by == "tokenizer" for r in records) else METHOD
+
+
 class Figure(BaseModel):
     """A measured quantity with everything needed to compare it: n, mean, std, raw values, shape, method."""
 
@@ -72,12 +99,12 @@ class Figure(BaseModel):
 
     @classmethod
     def of(cls, name: str, unit: str, values: list[float], shape: dict[str, Any],
-           roofline: float | None = None) -> Figure:
+           roofline: float | None = None, method: str = METHOD) -> Figure:
         if not values:
             raise ValueError(f"no values to make {name} from")
         std = statistics.stdev(values) if len(values) > 1 else 0.0
         return cls(name=name, unit=unit, n=len(values), mean=statistics.fmean(values), std=std,
-                   raw=values, shape=shape, roofline=roofline)
+                   raw=values, shape=shape, roofline=roofline, method=method)
 
     def __str__(self) -> str:
         text = f"{self.name} {self.mean:.2f} +/- {self.std:.2f} {self.unit} (n={self.n}, sample std)"
@@ -121,55 +148,71 @@ def aggregate_tok_s(records: list[RequestRecord]) -> float:
     return sum(r.completion_tokens or 0 for r in records) / span if span > 0 else 0.0
 
 
-async def burst(base_url: str, bodies: list[dict[str, Any]], timeout_s: float = 900) -> list[RequestRecord]:
+async def burst(where: Target | str, bodies: list[dict[str, Any]], deadline_s: float = DEADLINE_S
+                ) -> list[RequestRecord]:
     """Send all bodies at once, each on its own connection, and time each."""
-    async with httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=len(bodies))) as client:
-        return list(await asyncio.gather(*(stream_chat(client, base_url, b) for b in bodies)))
+    target = target_of(where)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=30), headers=target.headers,
+                                 limits=httpx.Limits(max_connections=len(bodies))) as client:
+        return list(await asyncio.gather(*(stream_chat(client, target, b, deadline_s) for b in bodies)))
 
 
-async def closed_loop(base_url: str, make_body: Callable[[int], dict[str, Any]], streams: int,
-                      duration_s: float, timeout_s: float = 900) -> list[RequestRecord]:
+async def closed_loop(where: Target | str, make_body: Callable[[int], dict[str, Any]], streams: int,
+                      duration_s: float, deadline_s: float = DEADLINE_S) -> list[RequestRecord]:
     """Keep `streams` requests in flight until `duration_s` has passed; each stream sends its next request
     as soon as the last one ends. Bounded: no request starts after the deadline."""
+    target = target_of(where)
     deadline = time.monotonic() + duration_s
     records: list[RequestRecord] = []
 
     async def stream(client: httpx.AsyncClient, k: int) -> None:
         i = 0
         while time.monotonic() < deadline:
-            records.append(await stream_chat(client, base_url, make_body(k + i * streams)))
+            records.append(await stream_chat(client, target, make_body(k + i * streams), deadline_s))
             i += 1
 
-    async with httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=streams)) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=30), headers=target.headers,
+                                 limits=httpx.Limits(max_connections=streams)) as client:
         await asyncio.gather(*(stream(client, k) for k in range(streams)))
     return records
 
 
-def _delta_has_token(delta: dict[str, Any]) -> tuple[bool, str, str]:
-    content = delta.get("content") or ""
-    reasoning = delta.get("reasoning") or delta.get("reasoning_content") or ""
-    return bool(content or reasoning or delta.get("tool_calls")), content, reasoning
-
-
-async def stream_chat(client: httpx.AsyncClient, base_url: str, body: dict[str, Any]) -> RequestRecord:
+async def stream_chat(client: httpx.AsyncClient, where: Target | str, body: dict[str, Any],
+                      deadline_s: float = DEADLINE_S) -> RequestRecord:
     """Send one streamed chat completion and time it. A request that fails (an HTTP error status, an error
-    event in the stream, a dropped connection) comes back with `error` set: never timed, never lost."""
+    event, a malformed stream, a dropped connection, the total deadline) comes back with `error` set: never
+    timed, never lost."""
+    target = target_of(where)
     record = RequestRecord(t_sent=time.monotonic())
+    out = Assembled()
     try:
-        await _stream_into(record, client, base_url, body)
+        await asyncio.wait_for(_stream_into(record, out, client, target, body), deadline_s)
     except httpx.HTTPStatusError as exc:
         record.error = f"HTTP {exc.response.status_code}: {exc.response.text[:300]}"
+    except (StreamError, SSEError) as exc:
+        record.error = f"a malformed stream: {exc}"
+    except TimeoutError:
+        record.error = f"no complete answer within {deadline_s:.0f} s (the total deadline per request)"
     except httpx.HTTPError as exc:
-        record.error = f"{type(exc).__name__}: {exc} (after {record.completion_tokens or 0} tokens)"
+        record.error = f"{type(exc).__name__}: {exc} (after {len(out.events)} events)"
+    record.text, record.reasoning = out.content, out.reasoning
+    if record.error is None and out.error is not None:
+        record.error = f"error event in the stream: {str(out.error)[:300]}"
     if record.error is None and record.completion_tokens is None:
-        record.error = "the stream ended without a usage chunk"
+        try:
+            if target.count_tokens is None:
+                raise LookupError("no tokenizer is at hand to count its tokens")
+            record.completion_tokens = target.count_tokens(out.generated_text)
+            record.counted_by = "tokenizer"
+        except LookupError as exc:
+            record.error = f"the stream ended without a usage chunk, and {exc}"
     return record
 
 
-async def _stream_into(record: RequestRecord, client: httpx.AsyncClient, base_url: str,
+async def _stream_into(record: RequestRecord, out: Assembled, client: httpx.AsyncClient, target: Target,
                        body: dict[str, Any]) -> None:
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    async with aconnect_sse(client, "POST", f"{base_url}/v1/chat/completions", json=body) as source:
+    async with aconnect_sse(client, "POST", f"{target.base_url}/v1/chat/completions", json=body) as source:
         if source.response.status_code >= 400:
             await source.response.aread()
             source.response.raise_for_status()
@@ -177,20 +220,12 @@ async def _stream_into(record: RequestRecord, client: httpx.AsyncClient, base_ur
             now = time.monotonic()
             if record.t_first_event is None:
                 record.t_first_event = now
-            if event.data == "[DONE]":
-                break
-            chunk = json.loads(event.data)
-            if error := chunk.get("error"):
-                record.error = f"error event in the stream: {json.dumps(error)[:300]}"
+            if out.feed(event.data):
+                record.t_first_token = record.t_first_token or now
+                record.t_last_token = now
+            if out.usage:
+                record.prompt_tokens = out.usage.get("prompt_tokens")
+                record.completion_tokens = out.usage.get("completion_tokens")
+            record.finish_reason = out.finish_reason
+            if out.done or out.error is not None:
                 return
-            if usage := chunk.get("usage"):
-                record.prompt_tokens = usage.get("prompt_tokens")
-                record.completion_tokens = usage.get("completion_tokens")
-            for choice in chunk.get("choices") or []:
-                has_token, content, reasoning = _delta_has_token(choice.get("delta") or {})
-                if has_token:
-                    record.t_first_token = record.t_first_token or now
-                    record.t_last_token = now
-                record.text += content
-                record.reasoning += reasoning
-                record.finish_reason = choice.get("finish_reason") or record.finish_reason

@@ -12,15 +12,29 @@ PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"  # prompt tokens served from 
 SPEC_ACCEPTED, SPEC_DRAFT = "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"
 
 
-def scrape(base_url: str, model: str | None = None) -> dict[str, float]:
+class MetricsUnavailable(Exception):
+    """The server publishes no Prometheus /metrics (or not in the exposition format): checks that read it
+    could not run."""
+
+
+def scrape(base_url: str, model: str | None = None, headers: dict[str, str] | None = None) -> dict[str, float]:
     """Every sample of /metrics, summed over labels (only the given model's, when it is labelled)."""
-    text = httpx.get(f"{base_url}/metrics", timeout=30).raise_for_status().text
+    try:
+        response = httpx.get(f"{base_url}/metrics", timeout=30, headers=headers)
+    except httpx.HTTPError as exc:
+        raise MetricsUnavailable(f"GET /metrics failed: {type(exc).__name__}: {exc}") from None
+    if response.status_code != 200:
+        raise MetricsUnavailable(f"GET /metrics answers HTTP {response.status_code}: the server publishes no "
+                                 "Prometheus metrics (vLLM always does; llama.cpp's server needs --metrics)")
     totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if model and sample.labels.get("model_name", model) != model:
-                continue
-            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    try:
+        for family in text_string_to_metric_families(response.text):
+            for sample in family.samples:
+                if model and sample.labels.get("model_name", model) != model:
+                    continue
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    except ValueError as exc:
+        raise MetricsUnavailable(f"GET /metrics is not in the Prometheus text format: {exc}") from None
     return totals
 
 

@@ -1,18 +1,28 @@
-"""The pytest plugin: options, markers, the host and recipe fixtures, report plumbing. No checks live here."""
+"""The pytest plugin: options, markers, the host and recipe fixtures, the run lock, signals and report plumbing.
+No checks live here."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from . import redact
 from .checks import Check
-from .hostfacts import HostFacts, gather, matching_profile
+from .hostfacts import HostFacts, gather, gpu_mib_of_container, matching_profile
+from .hostlock import HostLock, Journal, LockError
+from .launch import Server, StartError, serving
+from .launch.base import DEFERRED_SIGNALS, wait_ready
+from .launch.docker_engine import DockerEngine
+from .launch.docker_launcher import undo
 from .recipes import RECIPES_DIR, Profile, Recipe, RecipeError, load_profiles, load_recipes
+from .redact import mask
 from .results import ResultsFile
-from .server import Server, StartError, serving
 from .target import open_host
 
 LAYERS = ("host", "container", "serving", "perf")
@@ -46,18 +56,64 @@ class State:
         self._facts: HostFacts | None = None
         self.results = ResultsFile(Path(opt.sg_results_json)) if opt.sg_results_json else None
         self.start_errors: dict[str, str] = {}
-        self._docker: Any = None
+        self._docker: DockerEngine | None = None
+        self.lock: HostLock | None = None
+        self._journal: Journal | None = None
+        # Secrets the run knows before it starts: they are masked in everything it writes.
+        redact.secret(opt.sg_api_key)
+        for r in self.recipes.values():
+            redact.secrets_of(r.env, r.serve_args)
 
     @property
-    def docker(self) -> Any:
-        """The target's docker engine (sparkgate.docker_launcher.DockerEngine), opened on first use."""
-        if self._docker is None:
-            from .docker_launcher import DockerEngine
+    def api_key(self) -> str | None:
+        """The key for a server started elsewhere (--base-url): --api-key, else the openai client's variable."""
+        return self.config.option.sg_api_key or os.environ.get("OPENAI_API_KEY") or None
 
+    @property
+    def docker(self) -> DockerEngine:
+        """The target's docker engine, opened on first use."""
+        if self._docker is None:
             opt = self.config.option
             self._docker = DockerEngine(self.target, opt.ssh_config, opt.ssh_identity_file,
                                         docker_host=opt.sg_docker_host, pull=opt.sg_docker_pull)
         return self._docker
+
+    @property
+    def journal(self) -> Journal:
+        if self._journal is None:
+            self._journal = Journal(self.host)
+        return self._journal
+
+    def take_the_host(self, say: Any) -> None:
+        """One run per host: hold its lock for the session, then finish what a dead run left undone."""
+        opt = self.config.option
+        self.lock = HostLock(self.target, opt.ssh_config, opt.ssh_identity_file)
+        try:
+            self.lock.acquire()
+        except LockError as exc:
+            self.lock = None
+            raise pytest.UsageError(mask(str(exc))) from None
+        if self.lock.warning:
+            say(f"WARNING: {self.lock.warning}")
+        for stale in self.lock.stale:
+            say(f"WARNING: took over the run lock of {self.target} from a run that died: held by {stale}")
+        left = self.journal.load()
+        if left:
+            say(f"an earlier run on {self.target} died before putting the box back; restoring it first")
+            try:
+                for done in undo(self.docker, left, say):
+                    say(f"  {done}")
+            except StartError as exc:
+                raise pytest.UsageError(mask(f"{self.target} is not as an earlier run found it, and it could not be "
+                                             f"restored: {exc}")) from None
+            self.journal.clear()
+
+    def release(self) -> None:
+        if self._docker is not None:
+            self._docker.close()  # the ssh forward of the engine's socket
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     @property
     def host(self) -> Any:
@@ -73,7 +129,10 @@ class State:
             try:
                 self._facts = gather(self.host, self.target)
             except Exception as exc:  # one clear error for an unreachable host, not one per test
-                raise pytest.UsageError(f"cannot read host {self.target!r}: {type(exc).__name__}: {exc}") from None
+                raise pytest.UsageError(mask(f"cannot read host {self.target!r}: {type(exc).__name__}: {exc}")) \
+                    from None
+            if self.config.option.sg_redact:
+                redact_identities(self._facts)
             if self.results:
                 self.results.set_system(self._facts)
         return self._facts
@@ -132,6 +191,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="pull a docker recipe's image when the engine lacks it (default: refuse, never pull)")
     group.addoption("--startup-timeout", dest="sg_startup_timeout", type=float, default=1800, metavar="S",
                     help="seconds to wait for a recipe to serve (default 1800: a Spark loads for minutes)")
+    group.addoption("--request-timeout", dest="sg_request_timeout", type=float, default=300, metavar="S",
+                    help="the most one serving check's request may take in all, trickle included (default 300)")
+    group.addoption("--api-key", dest="sg_api_key", default=None, metavar="KEY",
+                    help="API key for a server that wants one (default: the recipe's own --api-key, else "
+                         "$OPENAI_API_KEY); sent as a bearer token, never printed")
+    group.addoption("--redact", dest="sg_redact", action="store_true", default=False,
+                    help="replace the hostname, ssh target, user, home paths and PCI ids with placeholders in "
+                         "the report and the results file, so they can be shared (secrets are always masked)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -140,12 +207,41 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "extended: long shapes (30K-token prompts, sustained load)")
     config.addinivalue_line("markers", "check(id, why, fix): the stable ID of an acceptance check")
     config.stash[STATE] = State(config)
+    _teardown_on_every_signal(config)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+
+
+_SAVED_HANDLERS = pytest.StashKey[dict[int, Any]]()
+
+
+def _teardown_on_every_signal(config: pytest.Config) -> None:
+    """SIGTERM (CI cancel, `timeout`) and SIGHUP (a closed ssh session) run the same teardown as Ctrl-C:
+    pytest's own interrupt path, which tears every fixture down, restoring the box."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    config.stash[_SAVED_HANDLERS] = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
-    if state is not None and state._docker is not None:
-        state._docker.close()  # the ssh forward of the engine's socket
+    if state is not None:
+        state.release()
+    for s, handler in config.stash.get(_SAVED_HANDLERS, {}).items():
+        signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def redact_identities(facts: HostFacts) -> None:
+    """--redact: stable placeholders for what identifies the box and its people."""
+    home = os.path.expanduser("~")
+    redact.MASKER.redact(facts.target if facts.target != "local" else None, "<target>")
+    redact.MASKER.redact(facts.hostname, "<hostname>")
+    redact.MASKER.redact(home if home != "/" else None, "<home>")
+    redact.MASKER.redact(facts.user if facts.user not in ("root", "") else None, "<user>")
+    for i, gpu in enumerate(facts.gpus):
+        redact.MASKER.redact(gpu.pci_bus_id, f"<pci-{i}>")
 
 
 def _layer(item: pytest.Item) -> str | None:
@@ -186,6 +282,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     if config.option.collectonly or not any(_layer(i) for i in session.items):
         return
+    state.take_the_host(_progress(config))
     facts = state.facts
     state.select_for_host()
     chosen = {r.name for r in state.selected}
@@ -210,7 +307,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter:
         for key, value in facts.summary().items():
-            reporter.write_line(f"{key}: {value}")
+            reporter.write_line(mask(f"{key}: {value}"))
         names = ", ".join(r.name for r in state.selected) or "none"
         others = ", ".join(f"{r.name} ({r.profile})" for r in state.not_matching)
         reporter.write_line(f"Recipes: {names}" + (f"; not for this host: {others}" if others else ""))
@@ -246,16 +343,24 @@ def _record_environment(config: pytest.Config, facts: HostFacts, extra: dict[str
         return
     meta = config.stash.get(metadata_key, None)
     if meta is not None:
-        meta.update(facts.summary())
-        meta.update(extra or {})
+        meta.update({k: mask(v) for k, v in facts.summary().items()})
+        meta.update({k: mask(v) for k, v in (extra or {}).items()})
 
 
 def _progress(config: pytest.Config):
+    """Progress lines on the terminal, masked, around pytest's capture (which would hold them until the test
+    ends: a model loads for minutes)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capman = config.pluginmanager.get_plugin("capturemanager")
 
     def say(msg: str) -> None:
-        if reporter:
-            reporter.write_line(f"[sparkgate] {msg}")
+        if reporter is None:
+            return
+        if capman is not None:
+            with capman.global_and_fixture_disabled():
+                reporter.write_line(f"[sparkgate] {mask(msg)}")
+        else:
+            reporter.write_line(f"[sparkgate] {mask(msg)}")
 
     return say
 
@@ -304,32 +409,52 @@ def _served(recipe: Recipe, sparkgate_state: State, pytestconfig: pytest.Config)
     """The recipe, serving, or the StartError that says why not. Started once per recipe, removed after
     its last test; with --base-url, the running server is used and nothing is started or stopped."""
     opt = pytestconfig.option
+    state = sparkgate_state
     if opt.sg_base_url:
         srv = Server(base_url=opt.sg_base_url.rstrip("/"), served_name=recipe.model.served_name,
-                     recipe=recipe, started=False)
-        _record_server(srv, sparkgate_state)
+                     recipe=recipe, started=False, api_key=state.api_key or recipe.args.api_key)
+        try:  # one look before any check: a server that can never answer these checks is one error
+            wait_ready(srv.base_url, srv.served_name, 30, lambda: None, _progress(pytestconfig),
+                       f"the server at {srv.base_url}", srv.api_key, quiet=True)
+        except StartError as exc:
+            yield exc
+            return
+        _record_server(srv, state)
         yield srv
         return
-    if recipe.launcher == "process" and sparkgate_state.target != "local":
-        yield StartError(f"{recipe.name} runs as a local process and --host is {sparkgate_state.target}")
+    if recipe.launcher == "process" and state.target != "local":
+        yield StartError(f"{recipe.name} runs as a local process and --host is {state.target}")
         return
+    served = None
     try:
-        with serving(recipe, sparkgate_state.profiles[recipe.profile],
-                     lambda: sparkgate_state.host.file("/proc/meminfo").content_string,
-                     _progress(pytestconfig), opt.sg_startup_timeout, docker=lambda: sparkgate_state.docker) as srv:
-            _record_environment(pytestconfig, sparkgate_state.facts,
+        with serving(recipe, state.profiles[recipe.profile], lambda: mem_available(state.host),
+                     _progress(pytestconfig), opt.sg_startup_timeout, docker=lambda: state.docker,
+                     journal=state.journal,
+                     gpu_mib_of_container=lambda cid: gpu_mib_of_container(state.host, state.facts, cid)) as srv:
+            served = srv
+            _record_environment(pytestconfig, state.facts,
                                 {f"Recipe {recipe.name}": f"{recipe.model.id} ({recipe.digest})"})
-            _record_server(srv, sparkgate_state)
+            _record_server(srv, state)
             yield srv
-    except StartError as exc:
-        yield exc
+    except Exception as exc:
+        if served is not None:
+            raise  # the teardown could not put the box back: an error of the run, with the commands to do it
+        # Refused, crashed, a docker API error, a pull that failed: one error, not one per test.
+        yield exc if isinstance(exc, StartError) else StartError(f"{type(exc).__name__}: {exc}")
+
+
+def mem_available(host: Any) -> int:
+    from .hostfacts import parse_meminfo
+
+    return parse_meminfo(host.file("/proc/meminfo").content_string)["MemAvailable"]
 
 
 def _record_server(srv: Server, state: State) -> None:
     """What is serving, for the results file: the server's own vLLM version, and the launcher's facts
     (image digest and the like)."""
     try:
-        srv.facts.setdefault("vllm_version", httpx.get(f"{srv.base_url}/version", timeout=10).json()["version"])
+        srv.facts.setdefault("vllm_version", httpx.get(f"{srv.base_url}/version", timeout=10,
+                                                       headers=srv.headers).json()["version"])
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         srv.facts.setdefault("vllm_version", "unknown (no /version)")
     if state.results:
@@ -344,7 +469,7 @@ def server(_served: Any, recipe: Recipe, sparkgate_state: State) -> Server:
         if recipe.name in sparkgate_state.start_errors:
             pytest.skip(f"{recipe.name} could not be brought up (see the error on its first test)")
         sparkgate_state.start_errors[recipe.name] = str(_served)
-        pytest.fail(f"{recipe.name} could not be brought up: {_served}", pytrace=False)
+        pytest.fail(mask(f"{recipe.name} could not be brought up: {_served}"), pytrace=False)
     return _served
 
 
@@ -371,6 +496,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     c = Check.of(item)
     if c:
         report.user_properties.append(("check", c.id))
+    _mask_report(report)
+    if DEFERRED_SIGNALS and call.when == "teardown":  # Ctrl-C during a restore: stop now that it is done
+        item.session.shouldstop = f"{signal.Signals(DEFERRED_SIGNALS[0]).name} received during a teardown"
+
+
+def _mask_report(report: pytest.TestReport) -> None:
+    """Everything a report carries to the terminal, the HTML report and the results goes through mask()."""
+    report.sections = [(title, mask(text)) for title, text in report.sections]
+    if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:  # a skip: (path, line, reason)
+        path, line, reason = report.longrepr
+        report.longrepr = (path, line, mask(reason))
+    elif report.longrepr is not None:
+        text = str(report.longrepr)
+        if mask(text) != text:
+            report.longrepr = mask(text)
 
 
 def pytest_html_results_table_header(cells: list[str]) -> None:

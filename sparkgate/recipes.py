@@ -14,7 +14,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-GIB = 1024**3
+from .serveargs import ServeArgs
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES_DIR = ROOT / "recipes"
 PROFILES_DIR = ROOT / "profiles"
@@ -120,27 +121,26 @@ class Recipe(_Strict):
     def _launcher_fields(self) -> Recipe:
         if self.launcher == "docker" and not (self.image and self.container_name):
             raise ValueError("a docker recipe needs both `image` and `container_name`")
-        if (port := self.arg("--port")) is not None and port != str(self.port):
+        if (port := self.args.value("--port")) is not None and port != str(self.port):
             raise ValueError(f"`port` is {self.port} but serve_args say --port {port}")
         return self
 
+    @property
+    def args(self) -> ServeArgs:
+        """The serve arguments (with the recipe's env), read by the one serve-argument reader."""
+        return ServeArgs(self.serve_args, self.env)
+
     def arg(self, flag: str) -> str | None:
         """The value of a serve flag (`--x v` or `--x=v`), '' for a bare switch, None when absent."""
-        for i, a in enumerate(self.serve_args):
-            if a == flag:
-                nxt = self.serve_args[i + 1] if i + 1 < len(self.serve_args) else ""
-                return "" if nxt.startswith("--") else nxt
-            if a.startswith(flag + "="):
-                return a.split("=", 1)[1]
-        return None
+        return self.args.value(flag)
 
     @property
     def max_num_seqs(self) -> int:
-        return int(self.arg("--max-num-seqs") or 256)
+        return self.args.max_num_seqs or 256
 
     @property
     def max_model_len(self) -> int:
-        return int(self.arg("--max-model-len") or self.model.native_context)
+        return self.args.max_model_len or self.model.native_context
 
     @property
     def digest(self) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-GIB = 1024**3
+from .units import GIB
 
 # Where one start of a server begins: the engine's config line or the server's banner, whichever is first.
 _START = re.compile(r"vLLM server version \S+|Initializing a V\d LLM engine|vLLM API server version \S+"

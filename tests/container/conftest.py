@@ -8,8 +8,8 @@ from __future__ import annotations
 import docker.errors
 import pytest
 
-from sparkgate.docker_launcher import LiveContainer, read_live
-from sparkgate.server import StartError
+from sparkgate.launch import StartError
+from sparkgate.launch.container_spec import LiveContainer, read_live
 
 
 @pytest.fixture

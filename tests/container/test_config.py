@@ -1,15 +1,9 @@
 """What the container runs with, read live: env, restart policy, serve args and the flags the guide requires."""
 
-import json
-
 import pytest
 
-from sparkgate.docker_launcher import _flags, arg_drift, env_drift, kv_pin_bytes, live_serve_args, required_env
-from sparkgate.recipes import GIB
-
-
-def _args(live, recipe):
-    return live_serve_args(recipe, live.attrs) or []
+from sparkgate.launch.container_spec import arg_drift, env_drift, required_env
+from sparkgate.units import GIB
 
 
 @pytest.mark.check(
@@ -66,37 +60,12 @@ def test_the_running_args_are_the_recipes(check, live, recipe):
 def test_the_kv_cache_is_pinned(check, live, recipe, sparkgate_state):
     """The running server MUST pin its KV cache size with --kv-cache-memory (utilization is not a bound)."""
     gpu = sparkgate_state.profiles[recipe.profile].gpu is not None
-    env = {} if gpu else live.env  # VLLM_CPU_KVCACHE_SPACE binds only the CPU engine
-    pin = kv_pin_bytes(_args(live, recipe), env)
-    util = _flags(_args(live, recipe)).get("--gpu-memory-utilization")
+    args = live.args(recipe)
+    pin = args.kv_pin_bytes(cpu_engine=not gpu)
+    util = args.value("--gpu-memory-utilization")
     check.that(pin is not None, expected="--kv-cache-memory=BYTES" + ("" if gpu else " or VLLM_CPU_KVCACHE_SPACE"),
                found=f"{pin / GIB:g} GiB" if pin else
-               "no KV pin" + (f"; --gpu-memory-utilization {util[-1]} (not a bound)" if util else ""))
-
-
-def _cudagraph_mode(args):
-    """cudagraph_mode from --compilation-config JSON, or a dotted -cc./--compilation-config. form."""
-    for i, a in enumerate(args):
-        if a in ("--compilation-config", "-cc", "-O") and i + 1 < len(args):
-            try:
-                value = json.loads(args[i + 1])
-            except ValueError:
-                continue
-            if isinstance(value, dict) and "cudagraph_mode" in value:
-                return str(value["cudagraph_mode"]).upper()
-        if "cudagraph_mode=" in a:
-            return a.split("cudagraph_mode=", 1)[1].upper()
-    return None
-
-
-def _mtp(args, recipe):
-    spec = _flags(args).get("--speculative-config")
-    if spec:
-        try:
-            return json.loads(spec[-1]).get("method") == "mtp"
-        except (ValueError, AttributeError):
-            return "mtp" in spec[-1]
-    return recipe.features.mtp
+               "no KV pin" + (f"; --gpu-memory-utilization {util} (not a bound)" if util else ""))
 
 
 @pytest.mark.check(
@@ -107,22 +76,17 @@ def _mtp(args, recipe):
 )
 def test_a_gdn_hybrid_with_mtp_runs_piecewise_graphs(check, live, recipe):
     """A Gated DeltaNet hybrid with MTP speculative decoding MUST run with cudagraph_mode PIECEWISE."""
-    args = _args(live, recipe)
-    if not (recipe.model.gdn_hybrid and _mtp(args, recipe)):
+    args = live.args(recipe)
+    mtp = args.mtp or (args.speculative is None and recipe.features.mtp)
+    if not (recipe.model.gdn_hybrid and mtp):
         check.cannot_run(f"{recipe.model.id} is not a Gated DeltaNet hybrid served with MTP "
-                         f"(gdn_hybrid {recipe.model.gdn_hybrid}, MTP {_mtp(args, recipe)})")
-    flag = _cudagraph_mode(args)
+                         f"(gdn_hybrid {recipe.model.gdn_hybrid}, MTP {mtp})")
+    flag = args.cudagraph_mode
     logged = live.facts.cudagraph_mode
     ok = flag == "PIECEWISE" and logged in (None, "PIECEWISE")
     check.that(ok, expected="cudagraph_mode PIECEWISE (serve args and vLLM's engine config line)",
                found=f"serve args: {flag or 'not set (default FULL_AND_PIECEWISE)'}; engine log: "
                      f"{logged or 'not seen'}; graphs captured: {', '.join(live.facts.graph_captures) or 'none seen'}")
-
-
-def _tokens(text):
-    """vLLM's human-readable lengths: 131072, 128k (x1000), 128K (x1024)."""
-    mult = {"k": 1000, "K": 1024, "m": 10**6, "M": 1024**2}.get(text[-1:], 1)
-    return int(float(text[:-1] if mult > 1 else text) * mult)
 
 
 @pytest.mark.check(
@@ -134,10 +98,9 @@ def _tokens(text):
 )
 def test_the_context_is_within_the_native_window(check, live, recipe):
     """--max-model-len MUST be within the model's native context unless the recipe declares YaRN."""
-    args = _args(live, recipe)
-    length = _flags(args).get("--max-model-len")
-    value = _tokens(length[-1]) if length else None
-    yarn = recipe.model.yarn or "yarn" in " ".join(args).lower()
+    args = live.args(recipe)
+    value = args.max_model_len
+    yarn = recipe.model.yarn or "yarn" in " ".join(args.argv).lower()
     native = recipe.model.native_context
     check.that(value is None or value <= native or yarn,
                expected=f"<= {native:,} (native context of {recipe.model.id})" + (", or YaRN" if not yarn else ""),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sparkgate.docker_launcher import DOCKER_ARCH
+from sparkgate.launch.container_spec import DOCKER_ARCH
 
 
 @pytest.mark.check(

@@ -2,8 +2,7 @@
 
 import pytest
 
-from sparkgate.docker_launcher import kv_pin_bytes, live_serve_args
-from sparkgate.recipes import GIB
+from sparkgate.units import GIB
 
 
 @pytest.mark.check(
@@ -40,7 +39,7 @@ def test_the_kv_cache_in_use_is_the_pinned_size(check, live, recipe, sparkgate_s
     if f.kv_cache_gib is None:
         check.cannot_run("the container's log does not state the KV cache size (see CONT-LOG-FACTS)")
     gpu = sparkgate_state.profiles[recipe.profile].gpu is not None
-    pin = kv_pin_bytes(live_serve_args(recipe, live.attrs) or [], {} if gpu else live.env)
+    pin = live.args(recipe).kv_pin_bytes(cpu_engine=not gpu)
     found = (f"{f.kv_cache_gib:g} GiB ({f.kv_cache_basis}), {f.kv_tokens or '?'} tokens"
              + (f", {f.bytes_per_token:.0f} bytes per token" if f.bytes_per_token else ""))
     if pin is not None:

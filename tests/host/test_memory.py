@@ -2,7 +2,9 @@
 
 import pytest
 
-from sparkgate.hostfacts import GIB
+from sparkgate.hostfacts import gpu_mib_of_container
+from sparkgate.memory import fit
+from sparkgate.units import GIB, MIB
 
 
 @pytest.mark.check(
@@ -12,18 +14,22 @@ from sparkgate.hostfacts import GIB
     fix="stop other model servers (nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv), "
         "or pin a smaller KV cache with --kv-cache-memory in the recipe",
 )
-def test_available_memory_covers_every_selected_recipe(check, host_facts, selected_recipes, sparkgate_state):
-    """MemAvailable MUST cover each selected recipe's memory budget plus the profile's OS reserve."""
+def test_available_memory_covers_every_selected_recipe(check, host, host_facts, selected_recipes, sparkgate_state):
+    """MemAvailable (plus what a container the recipe replaces holds) MUST cover each selected recipe's memory
+    budget plus the profile's OS reserve."""
     if not selected_recipes:
         check.cannot_run("no recipe selected for this host", "--recipe NAME")
-    have = host_facts.mem_available_bytes / GIB
     short = []
     for r in selected_recipes:
-        reserve = sparkgate_state.profiles[r.profile].os_reserve_gib
-        if r.memory.budget_gib + reserve > have:
-            short.append(f"{r.name} needs {r.memory.budget_gib:.1f} + {reserve:g} GiB reserve")
-    check.that(not short, expected="each recipe's budget + OS reserve <= MemAvailable",
-               found=f"MemAvailable {have:.1f} GiB; " + "; ".join(short))
+        held = host_facts.container(r.container_name)
+        reclaimable = 0 if held is None else held.resident_bytes + gpu_mib_of_container(
+            host, host_facts, held.id) * MIB
+        verdict = fit(r, sparkgate_state.profiles[r.profile], host_facts.mem_available_bytes, reclaimable,
+                      f"container {r.container_name}")
+        if not verdict.ok:
+            short.append(f"{r.name} needs {verdict.needs()}")
+    check.that(not short, expected="each recipe's budget + OS reserve <= MemAvailable (+ what it replaces)",
+               found=f"MemAvailable {host_facts.mem_available_bytes / GIB:.1f} GiB; " + "; ".join(short))
 
 
 @pytest.mark.check(

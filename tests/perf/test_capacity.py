@@ -22,20 +22,20 @@ MAX_TOKENS = 250
     fix="if even one user is below the usable speed, read PERF-NATURAL's message; otherwise plan for at most "
         "the reported number of concurrent users (or raise --max-num-seqs and re-run to look further)",
 )
-def test_capacity_sweep_reports_the_largest_usable_concurrency(check, server, recipe, roofline, record, request,
+def test_capacity_sweep_reports_the_largest_usable_concurrency(check, target, recipe, roofline, record, request,
                                                                completed):
     """Doubling concurrency from 1, per-request decode MUST be usable at 1; the largest usable level is reported."""
     usable = request.config.getoption("sg_usable_tok_s")
     floor = recipe.floors.get("usable_decode")
     usable = floor.min if floor else usable
     prompts = PROSE + CODE
-    asyncio.run(burst(server.base_url, [chat(recipe, prompts[0], 16)]))  # warm-up, discarded
+    asyncio.run(burst(target, [chat(recipe, prompts[0], 16)]))  # warm-up, discarded
     # Requests past --max-num-seqs queue, which users feel too (TTFT); one doubling past it shows that.
     limit, level, best, rows = 2 * recipe.max_num_seqs, 1, None, []
     while level <= limit:
         shape = {"prompt": "short prose and code", "max_tokens": MAX_TOKENS, "ignore_eos": False,
                  "thinking": "off", "temperature": 0.2, "concurrency": level}
-        records = completed(asyncio.run(burst(server.base_url, [chat(recipe, prompts[i % 4], MAX_TOKENS, 0.2)
+        records = completed(asyncio.run(burst(target, [chat(recipe, prompts[i % 4], MAX_TOKENS, 0.2)
                                                                 for i in range(level)])),
                             f"request at {level} concurrent")
         figure = record(Figure.of(f"capacity sweep: decode per request at {level} concurrent", "tok/s",

@@ -22,16 +22,16 @@ def levels_for(recipe):
     fix="compare with the last good run; check --max-num-seqs and --max-num-batched-tokens against the "
         "recipe, and TTFT (queueing) before errors, as the saturation signal",
 )
-def test_per_request_decode_under_concurrency_meets_the_floors(check, server, recipe, roofline, record,
+def test_per_request_decode_under_concurrency_meets_the_floors(check, target, recipe, roofline, record,
                                                                completed):
     """Per-request decode at each concurrency level up to max-num-seqs MUST meet the recipe's floor for it."""
     prompts = PROSE + CODE
-    asyncio.run(burst(server.base_url, [chat(recipe, prompts[0], 16)]))  # warm-up, discarded
+    asyncio.run(burst(target, [chat(recipe, prompts[0], 16)]))  # warm-up, discarded
     short = []
     for c in levels_for(recipe):
         shape = {"prompt": "short prose and code", "max_tokens": MAX_TOKENS, "ignore_eos": False,
                  "thinking": "off", "temperature": 0.2, "concurrency": c}
-        records = completed(asyncio.run(burst(server.base_url, [chat(recipe, prompts[i % 4], MAX_TOKENS, 0.2)
+        records = completed(asyncio.run(burst(target, [chat(recipe, prompts[i % 4], MAX_TOKENS, 0.2)
                                                                 for i in range(c)])), f"request at {c} concurrent")
         rates = [r.decode_tok_s for r in records]
         figure = record(Figure.of(f"decode per request at {c} concurrent", "tok/s", rates, shape, roofline))

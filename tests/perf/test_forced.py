@@ -23,14 +23,14 @@ SHAPE = {"prompt": "short prose", "max_tokens": TOKENS, "min_tokens": TOKENS, "i
         "min_tokens/ignore_eos makes that comparison meaningless",
     fix="the server ignored min_tokens or ignore_eos: check the vLLM version's sampling parameters",
 )
-def test_forced_length_generates_exactly_the_forced_tokens(check, server, recipe, roofline, record, benchmark,
+def test_forced_length_generates_exactly_the_forced_tokens(check, target, recipe, roofline, record, benchmark,
                                                           completed):
     """A forced-length request MUST return exactly the forced number of tokens; its latency is benchmarked."""
     body = forced(recipe, PROSE[0], TOKENS)
-    asyncio.run(burst(server.base_url, [body]))  # warm-up, discarded
+    asyncio.run(burst(target, [body]))  # warm-up, discarded
     records = []
     benchmark.extra_info.update(recipe=recipe.name, shape=SHAPE)
-    benchmark.pedantic(lambda: records.extend(asyncio.run(burst(server.base_url, [body]))), rounds=3, iterations=1)
+    benchmark.pedantic(lambda: records.extend(asyncio.run(burst(target, [body]))), rounds=3, iterations=1)
     counts = [r.completion_tokens for r in completed(records)]
     check.that(counts == [TOKENS] * len(records), expected=f"{TOKENS} completion tokens each time",
                found=f"{counts}")

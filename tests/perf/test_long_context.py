@@ -16,20 +16,20 @@ _RUNS: dict[str, tuple] = {}  # per recipe: both checks read the same three long
 
 
 @pytest.fixture
-def long_runs(server, recipe, completed):
+def long_runs(target, recipe, completed):
     if recipe.name not in _RUNS:
-        _RUNS[recipe.name] = _measure(server, recipe, completed)
+        _RUNS[recipe.name] = _measure(target, recipe, completed)
     return _RUNS[recipe.name]
 
 
-def _measure(server, recipe, completed):
+def _measure(target, recipe, completed):
     # llama-benchy's --pp 30000 --tg 2000 (the floors' method): up to 2,000 tokens out, stopping naturally;
     # a quarter of the context where the recipe has less room.
     max_tokens = min(2000, recipe.max_model_len // 4)
     words = long_context_words(recipe, max_tokens=max_tokens)
-    asyncio.run(burst(server.base_url, [chat(recipe, "Say hi.", 8)]))  # warm-up, discarded
+    asyncio.run(burst(target, [chat(recipe, "Say hi.", 8)]))  # warm-up, discarded
     # Each prompt opens with a fresh random prefix: nothing comes from the prefix cache, this run or the last.
-    records = completed([asyncio.run(burst(server.base_url, [chat(recipe, long_prompt(words, secrets.randbits(64)),
+    records = completed([asyncio.run(burst(target, [chat(recipe, long_prompt(words, secrets.randbits(64)),
                                                                   max_tokens)]))[0] for _ in range(RUNS)],
                         "long-context request")
     shape = {"prompt": f"filler, {records[0].prompt_tokens} tokens, cache defeated", "max_tokens": max_tokens,

@@ -12,14 +12,20 @@ _COUNTED: dict[str, tuple] = {}  # per recipe: the three checks read the same re
 
 
 @pytest.fixture
-def counted(server, recipe, completed):
-    """Three streamed requests and the /metrics delta around them."""
+def counted(server, target, recipe, completed, check):
+    """Three streamed requests and the /metrics delta around them; could not run without /metrics."""
     if recipe.name not in _COUNTED:
-        before = metrics.scrape(server.base_url, server.served_name)
-        records = [asyncio.run(burst(server.base_url, [chat(recipe, p, 128)]))[0] for p in PROSE + PROSE[:1]]
-        after = metrics.scrape(server.base_url, server.served_name)
-        _COUNTED[recipe.name] = completed(records), metrics.delta(before, after)
-    return _COUNTED[recipe.name]
+        try:
+            before = metrics.scrape(server.base_url, server.served_name, server.headers)
+            records = [asyncio.run(burst(target, [chat(recipe, p, 128)]))[0] for p in PROSE + PROSE[:1]]
+            after = metrics.scrape(server.base_url, server.served_name, server.headers)
+            _COUNTED[recipe.name] = records, metrics.delta(before, after), None
+        except metrics.MetricsUnavailable as exc:
+            _COUNTED[recipe.name] = [], {}, str(exc)
+    records, d, unavailable = _COUNTED[recipe.name]
+    if unavailable:
+        check.cannot_run(unavailable, "serve with vLLM, or enable the server's Prometheus endpoint")
+    return completed(records), d
 
 
 @pytest.mark.check(

@@ -17,11 +17,11 @@ DURATION_S, MAX_TOKENS = 60, 1500
         "sustained figure, and each user's speed under it",
     fix="compare with the last good run; watch TTFT (queueing) first, errors last",
 )
-def test_sustained_load_keeps_every_stream_at_its_floor(check, server, recipe, roofline, record, completed):
+def test_sustained_load_keeps_every_stream_at_its_floor(check, target, recipe, roofline, record, completed):
     """Under sustained load at max-num-seqs, per-request decode MUST meet the recipe's floor for that level."""
     streams = recipe.max_num_seqs
     prompts = PROSE + CODE
-    records = completed(asyncio.run(closed_loop(server.base_url, lambda i: chat(recipe, prompts[i % 4], MAX_TOKENS),
+    records = completed(asyncio.run(closed_loop(target, lambda i: chat(recipe, prompts[i % 4], MAX_TOKENS),
                                                 streams, DURATION_S)), "request under sustained load")
     shape = {"prompt": "prose and code", "max_tokens": MAX_TOKENS, "ignore_eos": False, "thinking": "off",
              "temperature": 0.3, "concurrency": streams, "duration_s": DURATION_S}

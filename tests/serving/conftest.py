@@ -8,60 +8,19 @@ parsed answer otherwise. `endpoint.post(...)` is the raw form for checks that ju
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from httpx_sse import SSEError, connect_sse
 
 from sparkgate import sanity
+from sparkgate.stream import Assembled, StreamError
 
 REPRO_DIR = Path(__file__).resolve().parent.parent / "data" / "repro"
 TIMEOUT_S = 300  # a 2-core CPU box answers a long prompt in tens of seconds; a hang is longer than this
-
-
-@dataclass
-class Streamed:
-    """A streamed chat completion, assembled as a client would."""
-
-    events: list[str] = field(default_factory=list)
-    content: str = ""
-    reasoning: str = ""
-    reasoning_key: str | None = None
-    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
-    usage: dict[str, Any] | None = None
-    finish_reason: str | None = None
-    error: Any = None  # an error event the server sent mid-stream
-
-    @property
-    def done(self) -> bool:
-        return bool(self.events) and self.events[-1] == "[DONE]"
-
-    @property
-    def message(self) -> dict[str, Any]:
-        return {"content": self.content, self.reasoning_key or "reasoning": self.reasoning,
-                "tool_calls": [self.tool_calls[i] for i in sorted(self.tool_calls)]}
-
-    def add(self, chunk: dict[str, Any]) -> None:
-        self.error = chunk.get("error") or self.error
-        self.usage = chunk.get("usage") or self.usage
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            self.content += delta.get("content") or ""
-            for key in sanity.REASONING_FIELDS:
-                if delta.get(key):
-                    self.reasoning += delta[key]
-                    self.reasoning_key = key
-            # Tool-call deltas: the first of an index carries id and name, later ones argument fragments.
-            for part in delta.get("tool_calls") or []:
-                call = self.tool_calls.setdefault(part.get("index", 0), {
-                    "id": None, "type": "function", "function": {"name": "", "arguments": ""}})
-                call["id"] = part.get("id") or call["id"]
-                fn = part.get("function") or {}
-                call["function"]["name"] += fn.get("name") or ""
-                call["function"]["arguments"] += fn.get("arguments") or ""
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
 
 
 def short(value: Any, limit: int = 300) -> str:
@@ -70,24 +29,37 @@ def short(value: Any, limit: int = 300) -> str:
 
 
 class Endpoint:
-    """The server under test, as one check talks to it."""
+    """The server under test, as one check talks to it: its key sent, every request under a total deadline."""
 
-    def __init__(self, server: Any, check: Any, client: httpx.Client) -> None:
+    def __init__(self, server: Any, check: Any, client: httpx.Client, timeout: float = TIMEOUT_S) -> None:
         self.server, self.check, self.client = server, check, client
         self.model = server.served_name
+        self.timeout = timeout  # --request-timeout: the most any request may take in all
 
     def post(self, body: Any = None, *, path: str = "/v1/chat/completions", content: bytes | None = None,
-             timeout: float = TIMEOUT_S) -> httpx.Response:
-        """POST and return the response whatever its status; a hang or a dropped connection fails."""
+             timeout: float | None = None) -> httpx.Response:
+        """POST and return the response whatever its status; a hang, a trickle past `timeout` in all or a dropped
+        connection fails the running check."""
         __tracebackhide__ = True
+        timeout = min(timeout or self.timeout, self.timeout)
+        deadline = time.monotonic() + timeout
+        kwargs: dict[str, Any] = ({"content": content, "headers": {"content-type": "application/json"}}
+                                  if content is not None else {"json": body})
         try:
-            if content is not None:
-                return self.client.post(path, content=content, headers={"content-type": "application/json"},
-                                        timeout=timeout)
-            return self.client.post(path, json=body, timeout=timeout)
+            with self.client.stream("POST", path, timeout=timeout, **kwargs) as response:
+                received = []
+                for chunk in response.iter_bytes():
+                    received.append(chunk)
+                    if time.monotonic() > deadline:
+                        raise httpx.ReadTimeout("the total deadline passed while the answer trickled in")
+                # The decoded body, so the headers that described its encoding on the wire no longer apply.
+                headers = [(k, v) for k, v in response.headers.items()
+                           if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+                return httpx.Response(response.status_code, headers=headers, content=b"".join(received),
+                                      request=response.request)
         except httpx.TimeoutException:
             self.check.that(False, expected=f"an answer to POST {path} within {timeout:.0f} s",
-                            found=f"no answer after {timeout:.0f} s: the server hangs on this request",
+                            found=f"no complete answer after {timeout:.0f} s: the server hangs on this request",
                             fix="read the server log for the request; a hang on one request shape is an "
                                 "engine defect: report it with the body (tests/data/repro)")
         except httpx.TransportError as exc:
@@ -96,41 +68,72 @@ class Endpoint:
                             fix="read the server log: a dropped connection is usually an engine crash")
         raise AssertionError("unreachable")
 
-    def chat(self, body: dict[str, Any], label: str = "", timeout: float = TIMEOUT_S) -> dict[str, Any]:
+    def chat(self, body: dict[str, Any], label: str = "", timeout: float | None = None) -> dict[str, Any]:
         """A non-streamed chat completion that must answer 200; its message must be clean."""
         __tracebackhide__ = True
         return self.answer(self.post(body, timeout=timeout), body, label)
 
+    def json_object(self, response: httpx.Response, what: str) -> dict[str, Any]:
+        """The response's JSON object, or the running check fails saying what came instead (HTML, a list)."""
+        __tracebackhide__ = True
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        kind = response.headers.get("content-type", "no content type")
+        self.check.that(isinstance(data, dict), expected=f"a JSON object for {what}",
+                        found=f"HTTP {response.status_code}, {kind}: {short(response.text)}",
+                        fix="is this an OpenAI-compatible server (the base URL without /v1), or a proxy's error page "
+                            "in front of it? Read the server and proxy logs")
+        return data
+
+    @staticmethod
+    def error_message(response: httpx.Response) -> str:
+        """The message of an OpenAI-style error body (`{"error": {"message": ...}}`, or a bare string); ""."""
+        try:
+            error = response.json().get("error")
+        except (ValueError, AttributeError):
+            return ""
+        if isinstance(error, dict):
+            return str(error.get("message") or "")
+        return str(error or "")
+
     def answer(self, response: httpx.Response, body: dict[str, Any], label: str = "") -> dict[str, Any]:
         """Judge a chat completion already received: HTTP 200 with a choice, and a clean message."""
         __tracebackhide__ = True
-        data: dict[str, Any] = {}
-        if response.status_code == 200:
-            try:
-                data = response.json()
-            except ValueError:
-                data = {}
-        self.check.that(bool(data.get("choices")), expected=f"HTTP 200 with a choice{label and ' for ' + label}",
+        what = f"a chat completion{label and ' for ' + label}"
+        self.check.that(response.status_code == 200, expected=f"HTTP 200 with {what}",
                         found=f"HTTP {response.status_code}: {short(response.text)}")
-        self.clean(data["choices"][0].get("message") or {}, body, label)
+        data = self.json_object(response, what)
+        choices = data.get("choices")
+        self.check.that(isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict),
+                        expected=f"HTTP 200 with a choice{label and ' for ' + label}",
+                        found=f"HTTP {response.status_code}: {short(response.text)}")
+        self.clean(choices[0].get("message") or {}, body, label)
         return data
 
-    def stream(self, body: dict[str, Any], label: str = "", timeout: float = TIMEOUT_S) -> Streamed:
+    def stream(self, body: dict[str, Any], label: str = "", timeout: float | None = None) -> Assembled:
         """A streamed chat completion (with the usage chunk), assembled; it must be clean."""
         __tracebackhide__ = True
+        timeout = min(timeout or self.timeout, self.timeout)
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        out = Streamed()
+        out = Assembled()
+        deadline = time.monotonic() + timeout
         try:
-            with self.client.stream("POST", "/v1/chat/completions", json=body, timeout=timeout) as response:
+            with connect_sse(self.client, "POST", "/v1/chat/completions", json=body, timeout=timeout) as source:
+                response = source.response
                 if response.status_code != 200:
                     response.read()
                     self.check.that(False, expected=f"HTTP 200 and an event stream{label and ' for ' + label}",
                                     found=f"HTTP {response.status_code}: {short(response.text)}")
-                for line in response.iter_lines():
-                    if line.startswith("data: "):
-                        out.events.append(line[6:])
-                        if line[6:] != "[DONE]":
-                            out.add(json.loads(line[6:]))
+                for event in source.iter_sse():
+                    out.feed(event.data)
+                    if out.done or time.monotonic() > deadline:
+                        break
+        except (StreamError, SSEError) as exc:
+            self.check.that(False, expected="an event stream of chat completion chunks (JSON objects)",
+                            found=f"after {len(out.events)} events, {exc}",
+                            fix="read the server log; a proxy in front of the server may be rewriting the stream")
         except httpx.TimeoutException:
             self.check.that(False, expected=f"a complete stream within {timeout:.0f} s",
                             found=f"{len(out.events)} events, then nothing: the stream hangs")
@@ -138,6 +141,8 @@ class Endpoint:
             self.check.that(False, expected="a stream that ends with data: [DONE]",
                             found=f"{len(out.events)} events, then {type(exc).__name__}: {exc} "
                                   f"(the connection dropped: did the server crash?)")
+        self.check.that(out.done or time.monotonic() <= deadline, expected=f"a complete stream within {timeout:.0f} s",
+                        found=f"{len(out.events)} events in {timeout:.0f} s, still not done: the stream trickles")
         self.check.that(out.error is None, expected="a stream without error events",
                         found=f"the server sent an error mid-stream: {short(out.error)}")
         self.clean(out.message, body, label)
@@ -156,9 +161,10 @@ class Endpoint:
 
 
 @pytest.fixture
-def endpoint(server: Any, check: Any) -> Any:
-    with httpx.Client(base_url=server.base_url, timeout=TIMEOUT_S) as client:
-        yield Endpoint(server, check, client)
+def endpoint(server: Any, check: Any, pytestconfig: pytest.Config) -> Any:
+    timeout = pytestconfig.option.sg_request_timeout
+    with httpx.Client(base_url=server.base_url, timeout=timeout, headers=server.headers) as client:
+        yield Endpoint(server, check, client, timeout)
 
 
 def repro_bodies(config: pytest.Config) -> list[Path]:

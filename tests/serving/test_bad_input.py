@@ -30,11 +30,7 @@ def test_bad_input_gets_a_4xx_with_a_message(check, server, recipe, endpoint, ca
     build, what = CASES[case]
     request = build(server, recipe)
     response = endpoint.post(content=request) if isinstance(request, bytes) else endpoint.post(request)
-    try:
-        error = response.json().get("error") or {}
-        message = error.get("message") if isinstance(error, dict) else str(error)
-    except (ValueError, AttributeError):
-        message = None
+    message = endpoint.error_message(response)
     check.that(400 <= response.status_code < 500 and bool(message),
                expected=f"HTTP 4xx with an error message for {what}",
                found=f"HTTP {response.status_code}: {json.dumps(response.text[:300])}")

@@ -35,10 +35,7 @@ def test_a_text_only_model_refuses_an_image_with_a_4xx(check, server, recipe, en
     body = {"model": server.served_name, "temperature": 0, "max_tokens": 16,
             "messages": [image_message(pic.question, pic.data_url)]}
     response = endpoint.post(body, timeout=120)
-    try:
-        message = str((response.json().get("error") or {}).get("message") or "")
-    except ValueError:
-        message = ""
+    message = endpoint.error_message(response)
     says_why = any(w in message.lower() for w in ("image", "multimodal", "vision", "modalit"))
     check.that(400 <= response.status_code < 500 and says_why,
                expected="HTTP 4xx with an error message about images / multimodal input",

