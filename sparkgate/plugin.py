@@ -17,7 +17,7 @@ from .checks import Check
 from .hostfacts import HostFacts, gather, gpu_mib_of_container, matching_profile
 from .hostlock import HostLock, Journal, LockError
 from .launch import Server, StartError, serving
-from .launch.base import DEFERRED_SIGNALS, wait_ready
+from .launch.base import DEFERRED_SIGNALS, TEARDOWN_SIGNALS, noting, wait_ready
 from .launch.docker_engine import DockerEngine
 from .launch.docker_launcher import undo
 from .recipes import RECIPES_DIR, Profile, Recipe, RecipeError, load_profiles, load_recipes
@@ -210,25 +210,35 @@ def pytest_configure(config: pytest.Config) -> None:
     _teardown_on_every_signal(config)
 
 
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
-
-
 _SAVED_HANDLERS = pytest.StashKey[dict[int, Any]]()
 
 
 def _teardown_on_every_signal(config: pytest.Config) -> None:
-    """SIGTERM (CI cancel, `timeout`) and SIGHUP (a closed ssh session) run the same teardown as Ctrl-C:
-    pytest's own interrupt path, which tears every fixture down, restoring the box."""
+    """Ctrl-C, SIGTERM (CI cancel, `timeout`) and SIGHUP (a closed ssh session) all stop the run through pytest's
+    own interrupt path, which tears every fixture down, restoring the box. Only the first one interrupts: the
+    wind-down that follows runs to its end, and later signals are noted, not obeyed."""
     if threading.current_thread() is not threading.main_thread():
         return
-    config.stash[_SAVED_HANDLERS] = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    note = noting(lambda msg: print(f"\n[sparkgate] {msg}", flush=True), "putting the box back")
+
+    def interrupt(signum: int, frame: object) -> None:
+        if DEFERRED_SIGNALS:
+            note(signum, frame)
+            return
+        DEFERRED_SIGNALS.append(signum)
+        raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+
+    config.stash[_SAVED_HANDLERS] = {s: signal.signal(s, interrupt) for s in TEARDOWN_SIGNALS}
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
     if state is not None:
         state.release()
+    if DEFERRED_SIGNALS:
+        for s in TEARDOWN_SIGNALS:  # all is put back; what is left is the interpreter's exit
+            signal.signal(s, signal.SIG_IGN)
+        return
     for s, handler in config.stash.get(_SAVED_HANDLERS, {}).items():
         signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 

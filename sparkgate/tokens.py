@@ -14,12 +14,12 @@ from .recipes import Recipe
 
 
 @cache
-def _load(path_or_id: str) -> Callable[[str], int] | None:
+def _load(path_or_id: str, gguf_file: str | None = None) -> Callable[[str], int] | None:
     try:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(path_or_id, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path_or_id, gguf_file=gguf_file, local_files_only=True)
     except Exception:  # not installed, not cached, not a tokenizer: all mean "not at hand"
         return None
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
@@ -32,5 +32,8 @@ def counter_for(recipe: Recipe) -> Callable[[str], int] | None:
         from .launch.base import cache_dir
 
         folder = embedded.path(recipe.model.source, cache_dir())
-        return _load(str(folder)) if folder.exists() else None
+        if (folder / "tokenizer_config.json").exists():
+            return _load(str(folder))
+        gguf = embedded.gguf(recipe.model.source)  # the tokenizer ships inside the GGUF too
+        return _load(str(gguf.parent), gguf.name)
     return _load(recipe.model.id)

@@ -125,6 +125,21 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
 DEFERRED_SIGNALS: list[int] = []  # received during a shielded teardown: the run stops after it (the plugin)
 
 
+def noting(progress: Progress, what: str) -> Callable[[int, object], None]:
+    """A signal handler that notes a signal instead of obeying it, saying so (at most every 5 s)."""
+    said = [0.0]
+
+    def note(signum: int, _frame: object) -> None:
+        DEFERRED_SIGNALS.append(signum)
+        if time.monotonic() - said[0] > 5:
+            said[0] = time.monotonic()
+            progress(f"{signal.Signals(signum).name} received: {what} goes on to its end, then the run stops (a "
+                     f"restore abandoned half-way leaves the box worse; to abandon it anyway, Ctrl-\\ or kill -9: "
+                     f"the next run puts the box back)")
+
+    return note
+
+
 @contextlib.contextmanager
 def shielded(progress: Progress, what: str) -> Iterator[None]:
     """Run a teardown to its end: Ctrl-C, SIGTERM and SIGHUP during it are noted, not obeyed (a second Ctrl-C
@@ -133,12 +148,7 @@ def shielded(progress: Progress, what: str) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def note(signum: int, _frame: object) -> None:
-        DEFERRED_SIGNALS.append(signum)
-        progress(f"{signal.Signals(signum).name} received: {what} goes on to its end, then the run stops "
-                 f"(a restore abandoned half-way leaves the box worse)")
-
+    note = noting(progress, what)
     previous = {s: signal.signal(s, note) for s in TEARDOWN_SIGNALS}
     try:
         yield

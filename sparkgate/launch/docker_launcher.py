@@ -61,6 +61,7 @@ class DockerLauncher:
         self.run_id = uuid.uuid4().hex[:12]
         self.reused = False
         self.restored: str | None = None  # what stop() brought back, for the progress line
+        self.progress: Progress = lambda _msg: None
 
     # ---- before anything is touched ----
 
@@ -88,7 +89,7 @@ class DockerLauncher:
             existing = client.containers.get(name)
         except docker.errors.NotFound:
             existing = None
-        if (existing is None or existing.status != "running") and self._port_answers():
+        if not _may_hold_port(existing, r.ports.get(r.port, r.port)) and self._port_answers():
             port = r.ports.get(r.port, r.port)
             raise StartError(f"port {port} already answers on {self.engine.address}: something other than "
                              f"{name} is serving there, and the recipe's server could not bind it. Nothing was "
@@ -118,6 +119,7 @@ class DockerLauncher:
         import docker.errors
 
         r, client = self.recipe, self.engine.client
+        self.progress = progress
         base_url = f"http://{self.engine.address}:{r.ports.get(r.port, r.port)}"
         if plan.reuse is not None:
             progress(f"{r.name}: container {r.container_name} already runs this recipe at the image its tag names "
@@ -150,13 +152,13 @@ class DockerLauncher:
 
     def _set_aside(self, existing: Any, drift: list[str], progress: Progress) -> None:
         name = existing.name
-        running = existing.status == "running"
+        running = existing.status in ("running", "restarting")  # a crash-looping one goes back to looping
         progress(f"{self.recipe.name}: container {name} ({existing.id[:12]}, {existing.status}) differs from the "
                  f"recipe ({'; '.join(drift)}): setting it aside as {name}{SAVED_SUFFIX}, restored at teardown")
         # Intent first: if the run dies between these steps, undo() finds it by id and puts it back as it was.
         self.journal.record("set-aside", name=name, id=existing.id, running=running)
         if running:
-            existing.stop(timeout=30)  # a deliberate stop: unless-stopped leaves it stopped
+            existing.stop(timeout=30)  # a deliberate stop: unless-stopped leaves it stopped (and renamable)
         existing.rename(name + SAVED_SUFFIX)
 
     def _server(self, base_url: str, container: Any) -> Server:
@@ -166,20 +168,32 @@ class DockerLauncher:
                  "image_digest": ", ".join(image.attrs.get("RepoDigests") or []) if image else ""}
         return Server(base_url=base_url, served_name=self.recipe.model.served_name, recipe=self.recipe,
                       started=not self.reused, facts=facts, container=container.name,
-                      logs=lambda: container.logs(stdout=True, stderr=True).decode(errors="replace"),
+                      logs=lambda: self._get(container.id).logs(stdout=True, stderr=True).decode(errors="replace"),
                       api_key=self.recipe.args.api_key)
 
     def _with_facts(self, server: Server, container: Any) -> Server:
         server.facts.update(parse_log(container.logs().decode(errors="replace")).summary())
         return server
 
+    def _get(self, container_id: str) -> Any:
+        """The container by id on the engine's current connection (a dropped forward is reopened once)."""
+        import requests
+
+        try:
+            return self.engine.client.containers.get(container_id)
+        except (requests.ConnectionError, OSError) as exc:
+            self.progress(f"{self.recipe.name}: the docker engine of {self.engine.target} did not answer "
+                          f"({type(exc).__name__}); reconnecting")
+            return self.engine.reconnect().containers.get(container_id)
+
     def _watch(self, container: Any, ours: bool) -> Callable[[], str | None]:
         """alive() for wait_ready: why the container is gone or looping, or None. Ours is removed at once."""
         import docker.errors
 
         def alive() -> str | None:
+            nonlocal container
             try:
-                container.reload()
+                container = self._get(container.id)
             except docker.errors.NotFound:
                 return "the container was removed"
             state, restarts = container.attrs["State"], container.attrs.get("RestartCount", 0)
@@ -208,6 +222,17 @@ class DockerLauncher:
         return True
 
 
+def _may_hold_port(container: Any, port: int) -> bool:
+    """Whether a running container could be what answers on the host's `port` (so replacing it frees it)."""
+    if container is None or container.status != "running":
+        return False
+    host = container.attrs.get("HostConfig") or {}
+    if host.get("NetworkMode") == "host":
+        return True
+    return any(str(b.get("HostPort")) == str(port) for binds in (host.get("PortBindings") or {}).values()
+               for b in binds or [])
+
+
 def restore_commands(name: str, ours_holds_name: bool = True, was_running: bool = True) -> str:
     """The commands that put a set-aside container back, for an operator to paste when the suite cannot."""
     cmds = ([f"docker rm -f {name}"] if ours_holds_name else []) + [f"docker rename {name}{SAVED_SUFFIX} {name}"]
@@ -221,20 +246,20 @@ def undo(engine: DockerEngine, entries: list[dict[str, Any]], progress: Progress
     done: list[str] = []
     for entry in reversed(entries):
         if entry["kind"] == "create":
-            _retry(engine, lambda client, e=entry: _remove_ours(client, e), f"removing {entry['name']}")
-            done.append(f"container {entry['name']} removed")
+            _retry(engine, progress, lambda client, e=entry: _remove_ours(client, e), f"removing {entry['name']}")
+            done.append(f"the recipe's container {entry['name']} removed")
         elif entry["kind"] == "set-aside":
-            what = _retry(engine, lambda client, e=entry: _put_back(client, e), f"restoring {entry['name']}",
+            what = _retry(engine, progress, lambda client, e=entry: _put_back(client, e), f"restoring {entry['name']}",
                           give_up=restore_commands(entry["name"], was_running=entry["running"]))
             done.append(what)
     # Anything else carrying the suite's labels (a create interrupted before the journal heard its id).
-    leftovers = _retry(engine, _remove_labelled, "removing the suite's containers")
+    leftovers = _retry(engine, progress, _remove_labelled, "removing the suite's containers")
     if leftovers:
         done.append(f"removed left-over sparkgate containers: {', '.join(leftovers)}")
     return done
 
 
-def _retry(engine: DockerEngine, step: Callable[[Any], Any], what: str, give_up: str = "") -> Any:
+def _retry(engine: DockerEngine, progress: Progress, step: Callable[[Any], Any], what: str, give_up: str = "") -> Any:
     import docker.errors
     import requests
 
@@ -251,6 +276,8 @@ def _retry(engine: DockerEngine, step: Callable[[Any], Any], what: str, give_up:
             raise
         except (requests.RequestException, OSError, StartError) as exc:  # the connection: reconnect, retry
             last = exc
+        progress(f"{what}: the docker engine of {engine.target} did not answer ({type(last).__name__}); "
+                 f"reconnecting, attempt {attempt + 2} of {RETRIES}")
         time.sleep(min(2**attempt, 8))
         try:
             engine.reconnect()
