@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from .rules import Verdict
+
 
 @dataclass(frozen=True)
 class Check:
@@ -47,6 +49,13 @@ class Check:
         __tracebackhide__ = True
         if not ok:
             pytest.fail(self.message(expected, found, why, fix), pytrace=False)
+
+    def holds(self, verdict: Verdict, fix: str | None = None) -> None:
+        """Apply a configuration rule's verdict (sparkgate.rules): could not run where the rule does not apply."""
+        __tracebackhide__ = True
+        if verdict.not_applicable:
+            self.cannot_run(verdict.not_applicable)
+        self.that(verdict.ok, expected=verdict.expected, found=verdict.found, fix=fix)
 
     def cannot_run(self, reason: str, enable: str | None = None) -> None:
         """Skip: the check could not run here. Never a failure, never a silent pass."""

@@ -82,6 +82,8 @@ class HostFacts(BaseModel):
     groups: list[str] = []
     disk_free_bytes: int | None = None  # on the filesystem holding the model cache
     disk_path: str = ""
+    home: str = ""  # the ssh user's home on the host
+    hf_cache: str = ""  # the Hugging Face cache the docker recipes mount (HF_HOME, else ~/.cache/huggingface)
 
     @property
     def has_nvidia(self) -> bool:
@@ -307,13 +309,15 @@ def _docker_and_user(host: Any) -> dict[str, Any]:
 
 
 def _disk(host: Any) -> dict[str, Any]:
-    # Weights land in the Hugging Face cache; measure the filesystem that holds it (or would).
-    res = host.run("p=${HF_HOME:-$HOME/.cache/huggingface}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
-                   "echo \"$p\"; df -B1 --output=avail \"$p\" | tail -1")
-    lines = res.stdout.split()
-    if res.rc != 0 or len(lines) != 2 or not lines[1].isdigit():
+    # Weights land in the Hugging Face cache (the docker recipes mount it); measure the filesystem that holds it
+    # (or would: its nearest existing folder).
+    res = host.run("echo \"$HOME\"; h=${HF_HOME:-$HOME/.cache/huggingface}; echo \"$h\"; p=$h; "
+                   "while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; echo \"$p\"; "
+                   "df -B1 --output=avail \"$p\" | tail -1")
+    lines = res.stdout.split("\n")
+    if res.rc != 0 or len(lines) < 4 or not lines[3].strip().isdigit():
         return {}
-    return {"disk_path": lines[0], "disk_free_bytes": int(lines[1])}
+    return {"home": lines[0], "hf_cache": lines[1], "disk_path": lines[2], "disk_free_bytes": int(lines[3])}
 
 
 def gpu_mib_of_container(host: Any, facts: HostFacts, container_id: str) -> int:

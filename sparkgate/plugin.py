@@ -18,8 +18,9 @@ from .hostfacts import HostFacts, gather, gpu_mib_of_container, matching_profile
 from .hostlock import HostLock, Journal, LockError
 from .launch import Server, StartError, serving
 from .launch.base import DEFERRED_SIGNALS, TEARDOWN_SIGNALS, noting, wait_ready
+from .launch.container_spec import HostPaths
 from .launch.docker_engine import DockerEngine
-from .launch.docker_launcher import undo
+from .launch.docker_launcher import HostSide, undo
 from .recipes import RECIPES_DIR, Profile, Recipe, RecipeError, load_profiles, load_recipes
 from .redact import mask
 from .results import ResultsFile
@@ -77,6 +78,14 @@ class State:
             self._docker = DockerEngine(self.target, opt.ssh_config, opt.ssh_identity_file,
                                         docker_host=opt.sg_docker_host, pull=opt.sg_docker_pull)
         return self._docker
+
+    @property
+    def host_side(self) -> HostSide:
+        """What the docker launcher needs of the host itself: its paths, what exists there, GPU memory held."""
+        f = self.facts
+        return HostSide(paths=HostPaths(home=f.home or "$HOME", hf_cache=f.hf_cache or "$HOME/.cache/huggingface"),
+                        exists=lambda path: self.host.file(path).exists,
+                        gpu_mib=lambda container_id: gpu_mib_of_container(self.host, f, container_id))
 
     @property
     def journal(self) -> Journal:
@@ -439,8 +448,7 @@ def _served(recipe: Recipe, sparkgate_state: State, pytestconfig: pytest.Config)
     try:
         with serving(recipe, state.profiles[recipe.profile], lambda: mem_available(state.host),
                      _progress(pytestconfig), opt.sg_startup_timeout, docker=lambda: state.docker,
-                     journal=state.journal,
-                     gpu_mib_of_container=lambda cid: gpu_mib_of_container(state.host, state.facts, cid)) as srv:
+                     journal=state.journal, host=state.host_side) as srv:
             served = srv
             _record_environment(pytestconfig, state.facts,
                                 {f"Recipe {recipe.name}": f"{recipe.model.id} ({recipe.digest})"})

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..recipes import Recipe
 from ..redact import mask, secrets_of
+from ..rules import required_env
 from ..serveargs import SECRET_FLAGS, ServeArgs, same_value
 from ..vllmlog import StartupFacts
 from ..vllmlog import parse as parse_log
@@ -26,40 +27,66 @@ SAVED_SUFFIX = ".sparkgate-saved"
 DOCKER_ARCH = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "amd64", "amd64": "amd64"}
 
 
+HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+MODS_IN_CONTAINER = "/sparkgate-mods"
+# Applies each mounted mod (a folder with run.sh, as eugr/spark-vllm-docker's --apply-mod does), then runs the
+# server: `bash -c SCRIPT sparkgate-mods vllm serve MODEL ARGS...`.
+APPLY_MODS = (f'set -e; for m in {MODS_IN_CONTAINER}/*/; do echo "sparkgate: applying mod $m"; '
+              '(cd "$m" && bash ./run.sh); done; exec "$@"')
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    """Where the recipe's host-side paths are on the target: its home (for `~`) and its Hugging Face cache."""
+
+    home: str = "$HOME"
+    hf_cache: str = "$HOME/.cache/huggingface"
+
+    def expand(self, path: str) -> str:
+        return self.home + path[1:] if path == "~" or path.startswith("~/") else path
+
+
 def expected_args(recipe: Recipe) -> list[str]:
     """What follows the entrypoint: the model, then the serve args."""
     return [recipe.model.id, *recipe.serve_args]
 
 
-def required_env(recipe: Recipe) -> dict[str, str]:
-    """The recipe's env plus what its image and quantization need on this hardware (the guide's findings)."""
-    env = dict(recipe.env)
-    if recipe.image and "vllm-openai:nightly" in recipe.image:
-        env.setdefault("CUTE_DSL_ARCH", "sm_121a")  # GB10's cutlass kernels; a generic image lacks it
-    if recipe.model.quantization.lower().replace("_", "-").startswith("int4-autoround"):
-        env.setdefault("VLLM_MARLIN_USE_ATOMIC_ADD", "1")  # the int4-AutoRound Marlin kernels
-    return env
+def entrypoint(recipe: Recipe) -> list[str] | None:
+    """The container's entrypoint: the recipe's (None: the image's own), wrapped to apply its mods first."""
+    if not recipe.mods:
+        return recipe.entrypoint
+    return ["bash", "-c", APPLY_MODS, "sparkgate-mods", *(recipe.entrypoint or ["vllm", "serve"])]
+
+
+def mounts(recipe: Recipe, paths: HostPaths) -> list[tuple[str, str, str]]:
+    """(host path, container path, mode) of every volume: the recipe's, the Hugging Face cache, the mods."""
+    out = []
+    for spec in recipe.volumes:
+        parts = spec.split(":")
+        out.append((paths.expand(parts[0]), parts[1], parts[2] if len(parts) > 2 else "rw"))
+    if recipe.hf_cache:
+        out.append((paths.hf_cache, HF_CACHE_IN_CONTAINER, "rw"))
+    for mod in recipe.mods:
+        out.append((paths.expand(mod.rstrip("/")), f"{MODS_IN_CONTAINER}/{os.path.basename(mod.rstrip('/'))}", "ro"))
+    return out
 
 
 def labels(recipe: Recipe, run_id: str) -> dict[str, str]:
     return {f"{LABEL}.recipe": recipe.name, f"{LABEL}.digest": recipe.digest, f"{LABEL}.run": run_id}
 
 
-def run_kwargs(recipe: Recipe, run_id: str = "") -> dict[str, Any]:
+def run_kwargs(recipe: Recipe, run_id: str = "", paths: HostPaths = HostPaths()) -> dict[str, Any]:
     """docker SDK containers.create() arguments for the recipe (the image must be on the engine: never pulls)."""
     from docker.types import DeviceRequest
 
-    binds: dict[str, dict[str, str]] = {}
-    for spec in recipe.volumes:
-        parts = spec.split(":")
-        binds[os.path.expanduser(parts[0])] = {"bind": parts[1], "mode": parts[2] if len(parts) > 2 else "rw"}
     kw: dict[str, Any] = dict(
         image=recipe.image, name=recipe.container_name, command=expected_args(recipe), environment=recipe.env,
         restart_policy={"Name": recipe.restart} if recipe.restart != "no" else {"Name": ""},
-        network_mode=recipe.network, volumes=binds, init=True, detach=True, labels=labels(recipe, run_id),
+        network_mode=recipe.network, init=True, detach=True, labels=labels(recipe, run_id),
+        volumes={host: {"bind": inside, "mode": mode} for host, inside, mode in mounts(recipe, paths)},
     )
-    if recipe.entrypoint is not None:
-        kw["entrypoint"] = recipe.entrypoint
+    if (ep := entrypoint(recipe)) is not None:
+        kw["entrypoint"] = ep
     if recipe.ipc:
         kw["ipc_mode"] = recipe.ipc
     if recipe.ports:
@@ -69,10 +96,10 @@ def run_kwargs(recipe: Recipe, run_id: str = "") -> dict[str, Any]:
     return kw
 
 
-def docker_run(recipe: Recipe) -> str:
+def docker_run(recipe: Recipe, paths: HostPaths = HostPaths()) -> str:
     """The `docker run` that run_kwargs() stands for, for an operator to read before anything starts (the
     launcher's bookkeeping labels left out, secrets masked)."""
-    ep = recipe.entrypoint or []
+    ep = entrypoint(recipe) or []
     parts = ["docker", "run", "-d", "--name", recipe.container_name or "", "--restart", recipe.restart, "--init"]
     if recipe.ipc:
         parts += ["--ipc", recipe.ipc]
@@ -81,8 +108,8 @@ def docker_run(recipe: Recipe) -> str:
         parts += ["--gpus", "all"]
     for container_port, host_port in recipe.ports.items():
         parts += ["-p", f"{host_port}:{container_port}"]
-    for volume in recipe.volumes:
-        parts += ["-v", volume]
+    for host, inside, mode in mounts(recipe, paths):
+        parts += ["-v", f"{host}:{inside}" + (":ro" if mode == "ro" else "")]
     if ep:
         parts += ["--entrypoint", ep[0]]  # the rest of the entrypoint leads the command
     for key, value in recipe.env.items():
@@ -101,14 +128,18 @@ def live_argv(attrs: dict[str, Any]) -> list[str]:
 
 
 def live_serve_args(recipe: Recipe, attrs: dict[str, Any]) -> list[str] | None:
-    """What follows the model in the running command; None when the model is not in it."""
-    argv = live_argv(attrs)
-    for i, a in enumerate(argv):
-        if a == recipe.model.id:
-            return argv[i + 1:]
-    if "--model" in argv:  # `python -m ... --model M args` with the model as a flag
-        i = argv.index("--model")
-        return argv[i + 2:] if argv[i + 1:i + 2] == [recipe.model.id] else None
+    """What follows the model in the running command; None when the model is not in it. The command as docker
+    runs it is read first (`bash -c SCRIPT name vllm serve MODEL ...` passes the model as an argument), then a
+    `sh -c "..."` command as the shell would split it."""
+    cfg = attrs.get("Config") or {}
+    for argv in ([*(cfg.get("Entrypoint") or []), *(cfg.get("Cmd") or [])], live_argv(attrs)):
+        for i, a in enumerate(argv):
+            if a == recipe.model.id:
+                return argv[i + 1:]
+        if "--model" in argv:  # `python -m ... --model M args` with the model as a flag
+            i = argv.index("--model")
+            if argv[i + 1:i + 2] == [recipe.model.id]:
+                return argv[i + 2:]
     return None
 
 
@@ -169,8 +200,8 @@ def config_drift(recipe: Recipe, attrs: dict[str, Any], tag_image_id: str | None
     elif tag_image_id and attrs.get("Image") and attrs["Image"] != tag_image_id:
         out.append(f"image {recipe.image} at {attrs['Image'][:19]}, an older build: the tag names {tag_image_id[:19]} "
                    "now (pulled or rebuilt since the container started)")
-    if recipe.entrypoint is not None and (cfg.get("Entrypoint") or []) != recipe.entrypoint:
-        out.append(f"entrypoint {cfg.get('Entrypoint')} (recipe {recipe.entrypoint})")
+    if (ep := entrypoint(recipe)) is not None and (cfg.get("Entrypoint") or []) != ep:
+        out.append(f"entrypoint {cfg.get('Entrypoint')} (recipe {ep})")
     out += [f"serve args: {d}" for d in arg_drift(recipe, attrs)]
     out += [f"env {d}" for d in env_drift(recipe, attrs)]
     policy = (host.get("RestartPolicy") or {}).get("Name") or "no"

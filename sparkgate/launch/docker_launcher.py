@@ -28,7 +28,15 @@ from ..hostlock import Journal
 from ..recipes import Recipe
 from ..vllmlog import parse as parse_log
 from .base import Progress, Server, StartError, wait_ready
-from .container_spec import LABEL, SAVED_SUFFIX, config_drift, docker_run, resident_bytes, run_kwargs
+from .container_spec import (
+    LABEL,
+    SAVED_SUFFIX,
+    HostPaths,
+    config_drift,
+    docker_run,
+    resident_bytes,
+    run_kwargs,
+)
 from .docker_engine import DockerEngine
 
 RETRIES = 5  # per undo step, reconnecting between attempts
@@ -49,15 +57,25 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass
+class HostSide:
+    """What the launcher needs to know of the host itself (not its engine): where its paths are, whether a path
+    exists there, and the GPU memory (MiB) a container's processes hold (on unified memory: what its removal
+    gives back)."""
+
+    paths: HostPaths = field(default_factory=HostPaths)
+    exists: Callable[[str], bool] = lambda _path: True
+    gpu_mib: Callable[[str], int] = lambda _container_id: 0
+
+
 class DockerLauncher:
-    def __init__(self, recipe: Recipe, engine: DockerEngine, journal: Journal, host_gpu_mib: Callable[[str], int]
-                 | None = None) -> None:
+    def __init__(self, recipe: Recipe, engine: DockerEngine, journal: Journal, host: HostSide | None = None) -> None:
         if not (recipe.image and recipe.container_name):
             raise StartError(f"{recipe.name}: a docker recipe needs `image` and `container_name`")
         self.recipe = recipe
         self.engine = engine
         self.journal = journal
-        self.host_gpu_mib = host_gpu_mib  # GPU memory (MiB) held by the processes of a container id, if known
+        self.host = host or HostSide()
         self.run_id = uuid.uuid4().hex[:12]
         self.reused = False
         self.restored: str | None = None  # what stop() brought back, for the progress line
@@ -78,6 +96,12 @@ class DockerLauncher:
                 raise StartError(f"image {r.image} is not on {where}, and the suite never pulls unless asked: "
                                  f"`docker pull {r.image}` on the host, or run with --docker-pull") from None
             tag_id = None
+        missing = [m for m in r.mods if not self.host.exists(f"{self.host.paths.expand(m.rstrip('/'))}/run.sh")]
+        if missing:
+            raise StartError(f"{r.name} needs the mod{'s' * (len(missing) > 1)} {', '.join(missing)} (a folder with "
+                             f"a run.sh) on {self.engine.target}, and it is not there. Nothing was stopped or "
+                             f"started. Clone https://github.com/eugr/spark-vllm-docker into ~/spark-vllm-docker "
+                             f"on the host, or set the recipe's `mods` to where its mods are")
         try:
             left = client.containers.get(name + SAVED_SUFFIX)
         except docker.errors.NotFound:
@@ -103,8 +127,7 @@ class DockerLauncher:
         held = 0
         if existing.status == "running":
             held = resident_bytes(existing.stats(stream=False)) or 0
-            if self.host_gpu_mib:
-                held += self.host_gpu_mib(existing.id) * 2**20
+            held += self.host.gpu_mib(existing.id) * 2**20
         return Plan(replace=existing, drift=drift or [f"status {existing.status}"], reclaimable_bytes=held)
 
     def _port_answers(self) -> bool:
@@ -136,10 +159,10 @@ class DockerLauncher:
             client.images.pull(r.image)
         if plan.replace is not None:
             self._set_aside(plan.replace, plan.drift, progress)
-        progress(f"{r.name}: {docker_run(r)}")
+        progress(f"{r.name}: {docker_run(r, self.host.paths)}")
         entry = self.journal.record("create", name=r.container_name, run=self.run_id, id=None)
         try:
-            container = client.containers.create(**run_kwargs(r, self.run_id))
+            container = client.containers.create(**run_kwargs(r, self.run_id, self.host.paths))
             self.journal.update(entry, id=container.id)
             container.start()
         except docker.errors.APIError as exc:  # a port taken, a missing GPU runtime, a bad entrypoint

@@ -22,7 +22,7 @@ from ..recipes import Profile, Recipe
 from ..vllmlog import parse as parse_log
 from .base import Progress, Server, StartError, masked, shielded
 from .docker_engine import DockerEngine
-from .docker_launcher import DockerLauncher
+from .docker_launcher import DockerLauncher, HostSide
 from .process_launcher import ProcessLauncher
 
 
@@ -43,7 +43,7 @@ def gguf_of_gdn_hybrid(recipe: Recipe) -> str | None:
 @contextmanager
 def serving(recipe: Recipe, profile: Profile, read_mem_available: Callable[[], int], progress: Progress,
             timeout_s: float, *, docker: Callable[[], DockerEngine] | None = None, journal: Journal | None = None,
-            gpu_mib_of_container: Callable[[str], int] | None = None) -> Iterator[Server]:
+            host: HostSide | None = None) -> Iterator[Server]:
     """Bring `recipe` up, hand it out, and always put the box back as it was."""
     progress = masked(progress)
     if why := gguf_of_gdn_hybrid(recipe):
@@ -52,7 +52,7 @@ def serving(recipe: Recipe, profile: Profile, read_mem_available: Callable[[], i
     if recipe.launcher == "process":
         launcher = ProcessLauncher(recipe)
     elif docker is not None and journal is not None:
-        launcher = DockerLauncher(recipe, docker(), journal, gpu_mib_of_container)
+        launcher = DockerLauncher(recipe, docker(), journal, host)
     else:
         raise StartError(f"{recipe.name}: the {recipe.launcher} launcher needs the target's docker engine")
     try:

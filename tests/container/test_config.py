@@ -2,8 +2,8 @@
 
 import pytest
 
-from sparkgate.launch.container_spec import arg_drift, env_drift, required_env
-from sparkgate.units import GIB
+from sparkgate import rules
+from sparkgate.launch.container_spec import arg_drift
 
 
 @pytest.mark.check(
@@ -16,9 +16,7 @@ from sparkgate.units import GIB
 )
 def test_the_container_has_the_required_env(check, live, recipe):
     """The container's environment MUST hold every variable the recipe and its image need, with their values."""
-    missing = env_drift(recipe, live.attrs)
-    want = " ".join(f"{k}={v}" for k, v in required_env(recipe).items()) or "(none required)"
-    check.that(not missing, expected=want, found="; ".join(missing))
+    check.holds(rules.env_rule(recipe, live.env))
 
 
 @pytest.mark.check(
@@ -29,10 +27,7 @@ def test_the_container_has_the_required_env(check, live, recipe):
 )
 def test_the_restart_policy_is_unless_stopped(check, live):
     """The container's restart policy MUST be unless-stopped (not always, not none)."""
-    policy = live.restart_policy
-    why = {"always": "always: a deliberate stop is resurrected on the next daemon start",
-           "no": "none: not restarted after a reboot or an OOM kill"}.get(policy, policy)
-    check.that(policy == "unless-stopped", expected="unless-stopped", found=why)
+    check.holds(rules.restart_rule(live.restart_policy))
 
 
 @pytest.mark.check(
@@ -59,13 +54,7 @@ def test_the_running_args_are_the_recipes(check, live, recipe):
 )
 def test_the_kv_cache_is_pinned(check, live, recipe, sparkgate_state):
     """The running server MUST pin its KV cache size with --kv-cache-memory (utilization is not a bound)."""
-    gpu = sparkgate_state.profiles[recipe.profile].gpu is not None
-    args = live.args(recipe)
-    pin = args.kv_pin_bytes(cpu_engine=not gpu)
-    util = args.value("--gpu-memory-utilization")
-    check.that(pin is not None, expected="--kv-cache-memory=BYTES" + ("" if gpu else " or VLLM_CPU_KVCACHE_SPACE"),
-               found=f"{pin / GIB:g} GiB" if pin else
-               "no KV pin" + (f"; --gpu-memory-utilization {util} (not a bound)" if util else ""))
+    check.holds(rules.kv_pin_rule(sparkgate_state.profiles[recipe.profile], live.args(recipe)))
 
 
 @pytest.mark.check(
@@ -76,32 +65,33 @@ def test_the_kv_cache_is_pinned(check, live, recipe, sparkgate_state):
 )
 def test_a_gdn_hybrid_with_mtp_runs_piecewise_graphs(check, live, recipe):
     """A Gated DeltaNet hybrid with MTP speculative decoding MUST run with cudagraph_mode PIECEWISE."""
-    args = live.args(recipe)
-    mtp = args.mtp or (args.speculative is None and recipe.features.mtp)
-    if not (recipe.model.gdn_hybrid and mtp):
-        check.cannot_run(f"{recipe.model.id} is not a Gated DeltaNet hybrid served with MTP "
-                         f"(gdn_hybrid {recipe.model.gdn_hybrid}, MTP {mtp})")
-    flag = args.cudagraph_mode
-    logged = live.facts.cudagraph_mode
-    ok = flag == "PIECEWISE" and logged in (None, "PIECEWISE")
-    check.that(ok, expected="cudagraph_mode PIECEWISE (serve args and vLLM's engine config line)",
-               found=f"serve args: {flag or 'not set (default FULL_AND_PIECEWISE)'}; engine log: "
-                     f"{logged or 'not seen'}; graphs captured: {', '.join(live.facts.graph_captures) or 'none seen'}")
+    check.holds(rules.cudagraph_rule(recipe, live.args(recipe), live.facts.cudagraph_mode,
+                                     ", ".join(live.facts.graph_captures)))
 
 
 @pytest.mark.check(
     "CONT-CONTEXT",
-    why="past its native window a model without a declared context extension (YaRN) degrades silently, and "
-        "the extra length buys KV demand the concurrency limit can never use (the guide's 1M context)",
-    fix="set --max-model-len to at most the model's native context, or declare YaRN in the recipe "
-        "(model.yarn, with the rope scaling in --hf-overrides)",
+    why="past its native window a model without a declared context extension (YaRN) degrades silently; a YaRN "
+        "factor that does not match --max-model-len stretches positions wrongly; and a window the KV pin cannot "
+        "hold one sequence of buys KV demand the concurrency limit can never use (the guide's 1M static YaRN, "
+        "which reserved ~80 GB of KV for 1-4% occupancy and livelocked the box)",
+    fix="set --max-model-len to at most the model's native context (the guide went back to the native 262,144), "
+        "or declare YaRN in the recipe (model.yarn) with --hf-overrides rope_scaling factor x native = "
+        "--max-model-len, and a --kv-cache-memory that holds a sequence that long",
 )
-def test_the_context_is_within_the_native_window(check, live, recipe):
-    """--max-model-len MUST be within the model's native context unless the recipe declares YaRN."""
-    args = live.args(recipe)
-    value = args.max_model_len
-    yarn = recipe.model.yarn or "yarn" in " ".join(args.argv).lower()
-    native = recipe.model.native_context
-    check.that(value is None or value <= native or yarn,
-               expected=f"<= {native:,} (native context of {recipe.model.id})" + (", or YaRN" if not yarn else ""),
-               found=f"--max-model-len {value:,}" if value else "not set (the model's default)")
+def test_the_context_is_the_native_window_or_a_consistent_yarn(check, live, recipe):
+    """--max-model-len MUST be within the native context, or a declared YaRN whose factor x native equals it and
+    whose one full sequence fits the KV pin."""
+    check.holds(rules.context_rule(recipe, live.args(recipe)))
+
+
+@pytest.mark.check(
+    "CONT-EAGER",
+    why=rules.EAGER_COST,
+    fix="remove --enforce-eager from the serve args; if CUDA graph capture crashes (`an illegal instruction` in "
+        "_capture_cudagraphs), the driver is older than 590: upgrade it (HOST-DRIVER-MIN) rather than run eager",
+)
+def test_cuda_graphs_are_on_where_the_driver_supports_them(check, live, recipe, sparkgate_state):
+    """On a profile whose driver supports CUDA graphs, the server MUST NOT run with --enforce-eager."""
+    check.holds(rules.eager_rule(sparkgate_state.profiles[recipe.profile], live.args(recipe),
+                                 live.facts.enforce_eager))
