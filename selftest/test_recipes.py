@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from sparkgate.recipes import RECIPES_DIR, RecipeError, load_profiles, load_recipes
+from sparkgate.rules import static_rules
 
 
 def test_every_shipped_recipe_and_profile_validates():
@@ -31,7 +32,8 @@ def test_the_guides_flags_are_in_the_recipes():
     coder = r["qwen3-coder-next-int4"]
     assert coder.env == {"VLLM_MARLIN_USE_ATOMIC_ADD": "1"} and coder.max_num_seqs == 16
     assert coder.arg("--enable-prefix-caching") == ""  # a bare switch
-    assert coder.arg("--kv-cache-memory") is None
+    assert coder.arg("--kv-cache-memory") == str(24 * 1024**3)  # the flag that binds, on every GB10 recipe
+    assert coder.mods == ["~/spark-vllm-docker/mods/fix-qwen3-next-autoround"] and coder.hf_cache
 
 
 def test_the_digest_changes_with_what_the_recipe_starts():
@@ -94,3 +96,74 @@ def test_two_processes_preparing_the_embedded_weights_at_once_both_get_it(tmp_pa
     assert {out.strip() for out, _ in outs} == {str(folder)}
     assert (folder / "config.json").exists() and list(folder.glob("*.safetensors"))
     assert [p.name for p in (tmp_path / "models").iterdir()] == ["smollm2"], "a partial folder was left"
+
+
+# ---- every shipped recipe passes its own checks (the rules the container checks hold a live container to) --------
+
+SHIPPED = load_recipes()
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_recipe_passes_its_own_static_rules(name):
+    recipe = SHIPPED[name]
+    verdicts = static_rules(recipe, load_profiles()[recipe.profile])
+    failed = {rule: f"expected {v.expected}, found {v.found}" for rule, v in verdicts.items() if not v.ok}
+    assert failed == {}, f"{name} would fail its own checks: {failed}"
+
+
+def _with_args(recipe, drop=(), add=()):
+    """The recipe with the flags `drop` (and their values) taken out of its serve args and `add` appended."""
+    args, value_of_dropped = [], False
+    for a in recipe.serve_args:
+        if value_of_dropped:
+            value_of_dropped = False
+        elif a in drop:
+            value_of_dropped = True
+        elif not any(a.startswith(d + "=") for d in drop):
+            args.append(a)
+    return recipe.model_copy(update={"serve_args": [*args, *add]})
+
+
+Q36, Q38, CODER = SHIPPED["qwen36-35b-a3b-nvfp4"], SHIPPED["qwen38-27b-nvfp4"], SHIPPED["qwen3-coder-next-int4"]
+BROKEN = {
+    # the shipped qwen36 before this rule existed: a GDN hybrid with MTP on the default graphs
+    "gdn-hybrid-with-mtp-default-graphs": (_with_args(Q36, drop=["--compilation-config"]), "CONT-CUDAGRAPH"),
+    # the shipped Coder-Next before: no --kv-cache-memory, KV sized by the utilization grant
+    "no-kv-pin": (_with_args(CODER, drop=["--kv-cache-memory"]), "CONT-KV-PIN"),
+    # the shipped qwen38 before: a budget equal to the measured resident, no margin
+    "budget-without-margin": (Q38.model_copy(update={"memory": Q38.memory.model_copy(update={"overhead_gib": 0})}),
+                              "MEMORY-MARGIN"),
+    "eager-on-gb10": (_with_args(Q38, add=["--enforce-eager"]), "CONT-EAGER"),
+    "restart-always": (Q38.model_copy(update={"restart": "always"}), "CONT-RESTART"),
+    "marlin-env-missing": (CODER.model_copy(update={"env": {}}), "CONT-ENV"),
+    # the guide's livelock: 1M context by static YaRN (factor 4 of 262,144 is 1,048,576, not 1,000,000), and
+    # past the native window without a declared YaRN
+    "yarn-factor-off": (_with_args(Q38.model_copy(update={"model": Q38.model.model_copy(update={"yarn": True})}),
+                                   drop=["--max-model-len"], add=[
+                                       "--max-model-len", "1000000", "--hf-overrides",
+                                       '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, '
+                                       '"original_max_position_embeddings": 262144}}']), "CONT-CONTEXT"),
+    "past-native-without-yarn": (_with_args(Q38, drop=["--max-model-len"], add=["--max-model-len", "524288"]),
+                                 "CONT-CONTEXT"),
+    "yarn-window-the-pin-cannot-hold": (
+        _with_args(Q38.model_copy(update={"model": Q38.model.model_copy(update={"yarn": True})}),
+                   drop=["--max-model-len"], add=[
+                       "--max-model-len", "1048576", "--hf-overrides",
+                       '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0, '
+                       '"original_max_position_embeddings": 262144}}']), "CONT-CONTEXT"),
+}
+
+
+@pytest.mark.parametrize("variant", BROKEN)
+def test_a_recipe_that_breaks_a_rule_fails_exactly_that_rule(variant):
+    recipe, rule = BROKEN[variant]
+    verdicts = static_rules(recipe, load_profiles()[recipe.profile])
+    assert sorted(r for r, v in verdicts.items() if not v.ok) == [rule], {r: v for r, v in verdicts.items()
+                                                                          if not v.ok}
+
+
+def test_the_floors_table_in_the_docs_is_the_generated_one():
+    generated = subprocess.run([sys.executable, "-m", "sparkgate.cli", "recipes", "floors"], capture_output=True,
+                               text=True, check=True).stdout
+    assert (Path(__file__).resolve().parent.parent / "docs" / "FLOORS.md").read_text() == generated, \
+        "docs/FLOORS.md is stale: sparkgate recipes floors > docs/FLOORS.md"

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .boot import grub_default, grubenv_saved_entry, kernel_key, next_kernel
 from .recipes import Profile
 from .redact import mask
 from .units import GIB, KIB, parse_bytes
@@ -73,8 +74,13 @@ class HostFacts(BaseModel):
     modules: list[KernelModule] = []  # nvidia.ko of every kernel under /lib/modules
     kernel_images: list[str] = []  # installed linux-image-* package versions (dpkg), else /boot/vmlinuz-*
     initramfs: list[str] = []  # kernels with /boot/initrd.img-*
+    boot_kernels: list[str] = []  # kernels GRUB can boot (/boot/vmlinuz-*), newest first
+    next_kernel: str | None = None  # the one the next boot runs
+    next_kernel_basis: str = ""  # how that was decided (GRUB_DEFAULT, saved_entry)
+    dpkg_problems: list[str] = []  # dpkg --audit and apt-get check findings; [] is clean
     compute_apps: list[ComputeApp] = []
     model_processes: list[str] = []  # "pid args" of processes that look like model servers
+    container_of: dict[int, str] = {}  # pid of a model server or GPU process -> the docker container it runs in
     docker: str | None = None  # server version, None: not reachable
     docker_error: str | None = None
     containers: list[Container] = []  # running containers (docker stats), when the engine answers
@@ -107,12 +113,25 @@ class HostFacts(BaseModel):
     def module_for(self, kernel: str) -> KernelModule | None:
         return next((m for m in self.modules if m.kernel == kernel), None)
 
+    def role(self, kernel: str) -> str:
+        """What a kernel is to this box: the running one, the next boot, a fallback."""
+        roles = (["running"] if kernel == self.kernel else []) + (
+            [f"the next boot: {self.next_kernel_basis}"] if kernel == self.next_kernel else [])
+        return ", ".join(roles) or "a fallback in the GRUB menu"
+
+    @property
+    def boot_order(self) -> list[str]:
+        """Every bootable kernel, the next boot's first, then the running one, then the fallbacks."""
+        first = [k for k in (self.next_kernel, self.kernel) if k in self.boot_kernels]
+        return list(dict.fromkeys([*first, *self.boot_kernels]))
+
     def summary(self) -> dict[str, str]:
         """One line per fact, for the report header and the HTML environment table."""
         gpu = ", ".join(f"{g.name} (driver {g.driver_version}, cc {g.compute_cap})" for g in self.gpus)
         return {
             "Host": f"{self.hostname} ({self.target})",
-            "Kernel": f"{self.kernel} {self.arch}, {self.os}",
+            "Kernel": f"{self.kernel} {self.arch}, {self.os}" + (
+                f"; next boot {self.next_kernel}" if self.next_kernel and self.next_kernel != self.kernel else ""),
             "Memory": f"{self.mem_available_bytes / GIB:.1f} GiB available of {self.mem_total_bytes / GIB:.1f}",
             "GPU": gpu or (f"nvidia-smi failed: {self.nvidia_smi_error}" if self.nvidia_smi_error else "none"),
             "NVIDIA module": f"{self.nvidia_module_version or 'not loaded'}; Secure Boot "
@@ -248,7 +267,10 @@ def gather(host: Any, target: str) -> HostFacts:
             facts["nvidia_smi_error"] = (res.stdout + res.stderr).strip() or f"exit status {res.rc}"
     facts.update(_secure_boot(host))
     facts.update(_kernels(host, facts["kernel"]))
+    facts.update(_packages(host))
     facts["model_processes"] = [mask(p) for p in model_processes(host.run("ps -eww -o pid=,args=").stdout)]
+    pids = {a.pid for a in facts.get("compute_apps", [])} | {int(p.split()[0]) for p in facts["model_processes"]}
+    facts["container_of"] = containers_of(host, pids)
     facts.update(_docker_and_user(host))
     facts.update(_disk(host))
     return HostFacts(**facts)
@@ -289,7 +311,31 @@ def _kernels(host: Any, running: str) -> dict[str, Any]:
     boot = host.run("ls /boot")
     out["initramfs"] = sorted(f.removeprefix("initrd.img-") for f in boot.stdout.split()
                               if f.startswith("initrd.img-"))
+    out["boot_kernels"] = sorted((f.removeprefix("vmlinuz-") for f in boot.stdout.split() if f.startswith("vmlinuz-")),
+                                 key=kernel_key, reverse=True)
+    grub = host.run("cat /etc/default/grub /etc/default/grub.d/*.cfg 2>/dev/null").stdout
+    grubenv = host.run("cat /boot/grub/grubenv 2>/dev/null").stdout
+    out["next_kernel"], out["next_kernel_basis"] = next_kernel(out["boot_kernels"], grub_default(grub),
+                                                               grubenv_saved_entry(grubenv))
     return out
+
+
+def _packages(host: Any) -> dict[str, Any]:
+    """What dpkg and apt say is unfinished or broken (the guide's hung DKMS/MOK install leaves it so)."""
+    problems = []
+    audit = host.run("dpkg --audit")
+    if audit.stdout.strip():
+        problems.append(f"dpkg --audit: {' '.join(audit.stdout.split())}")
+    states = host.run("dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' 'linux-*' '*nvidia*'")
+    for line in states.stdout.splitlines():
+        abbrev, _, package = line.partition(" ")
+        if abbrev.strip() not in ("ii", "un", "rc", "") and package and package.strip() not in audit.stdout:
+            problems.append(f"{package.strip()} is {abbrev.strip()} (dpkg-query: not fully installed)")
+    if host.exists("apt-get"):
+        check = host.run("apt-get check -q")
+        if check.rc != 0:
+            problems.append(f"apt-get check: {' '.join((check.stderr or check.stdout).split())[:300]}")
+    return {"dpkg_problems": problems}
 
 
 def _docker_and_user(host: Any) -> dict[str, Any]:
@@ -318,6 +364,21 @@ def _disk(host: Any) -> dict[str, Any]:
     if res.rc != 0 or len(lines) < 4 or not lines[3].strip().isdigit():
         return {}
     return {"home": lines[0], "hf_cache": lines[1], "disk_path": lines[2], "disk_free_bytes": int(lines[3])}
+
+
+def containers_of(host: Any, pids: set[int]) -> dict[int, str]:
+    """pid -> the id of the docker container it runs in, from /proc/PID/cgroup: the 64-hex id in its cgroup path
+    (/docker/<id> with cgroupfs, /system.slice/docker-<id>.scope with systemd, /<cgroup-parent>/<id>)."""
+    if not pids:
+        return {}
+    res = host.run("for p in " + " ".join(map(str, sorted(pids))) + "; do echo \"$p $(cat /proc/$p/cgroup "
+                   "2>/dev/null | tr '\\n' ' ')\"; done")
+    found = {}
+    for line in res.stdout.splitlines():
+        pid, _, cgroup = line.partition(" ")
+        if m := re.search(r"[/-]([0-9a-f]{64})(?:\.scope)?\b", cgroup):
+            found[int(pid)] = m.group(1)
+    return found
 
 
 def gpu_mib_of_container(host: Any, facts: HostFacts, container_id: str) -> int:

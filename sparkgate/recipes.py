@@ -109,6 +109,16 @@ FLOOR_SHARE = {
 }
 
 
+# The floors a recipe can declare, and the check that holds the server to each.
+FLOOR_CHECKS = {
+    "natural_decode": "PERF-NATURAL", "single_stream_decode": "PERF-CONCURRENT",
+    "concurrent_4_decode": "PERF-CONCURRENT", "concurrent_8_decode": "PERF-CONCURRENT",
+    "concurrent_16_decode": "PERF-CONCURRENT", "sustained_decode": "PERF-SUSTAINED",
+    "long_context_decode": "PERF-LONG-DECODE", "long_context_prefill": "PERF-LONG-PREFILL",
+    "usable_decode": "PERF-CAPACITY", "spec_acceptance": "PERF-SPEC-ACCEPT",
+}
+
+
 class Floor(_Strict):
     """A per-request performance floor: a fixed share (FLOOR_SHARE) of a published or measured figure."""
 
@@ -125,6 +135,10 @@ class Floor(_Strict):
     @property
     def rule(self) -> str:
         return f"{FLOOR_SHARE[self.basis]:.0%} of {self.figure:g} {self.unit} ({self.basis})"
+
+    def expected(self, what: str = "") -> str:
+        """The floor as a failure message's `expected`: the minimum, the rule, and where the figure comes from."""
+        return f">= {self.min:g} {self.unit}{what} ({self.rule}: {self.measured}; {self.source})"
 
 
 class Recipe(_Strict):
@@ -162,6 +176,10 @@ class Recipe(_Strict):
             raise ValueError("a docker recipe needs both `image` and `container_name`")
         if (port := self.args.value("--port")) is not None and port != str(self.port):
             raise ValueError(f"`port` is {self.port} but serve_args say --port {port}")
+        if unknown := [f for f in self.floors if f not in FLOOR_CHECKS]:
+            raise ValueError(f"unknown floor {', '.join(unknown)} (known: {', '.join(FLOOR_CHECKS)})")
+        if self.mods and self.launcher != "docker":
+            raise ValueError("`mods` are applied in a container: only a docker recipe has them")
         return self
 
     @property

@@ -125,7 +125,7 @@ def memory_margin_rule(recipe: Recipe) -> Verdict:
     if m.measured_resident_gib is None:
         return Verdict.skip(f"{recipe.name} states no measured resident memory")
     want = m.measured_resident_gib * (1 + MARGIN)
-    return Verdict(m.budget_gib >= want - 0.05, f">= {want:.1f} GiB (measured {m.measured_resident_gib:g} GiB "
+    return Verdict(m.budget_gib >= round(want, 1), f">= {want:.1f} GiB (measured {m.measured_resident_gib:g} GiB "
                    f"resident + {MARGIN:.0%})", f"budget {m.budget_gib:.1f} GiB")
 
 

@@ -96,7 +96,12 @@ class HostSpec:
     arch: str = "aarch64"  # uname -m
     kernel: str = "6.17.0-1029-nvidia"  # the running kernel: uname -r, /proc/version
     fallback_kernels: list[str] = field(default_factory=lambda: ["6.17.0-1008-nvidia"])  # also installed
+    # Installed and newer than the running kernel: GRUB's default (GRUB_DEFAULT=0) boots the newest next.
+    newer_kernels: list[str] = field(default_factory=list)
     kernels_without_initramfs: list[str] = field(default_factory=list)  # installed, no /boot/initrd.img-*
+    kernels_without_module: list[str] = field(default_factory=list)  # installed, no nvidia.ko at all
+    module_versions: dict[str, str] = field(default_factory=dict)  # kernel -> its nvidia.ko's version
+    half_configured: list[str] = field(default_factory=list)  # packages dpkg left half-configured
     driver_version: str | None = DEFAULT_DRIVER  # userspace (nvidia-smi, NVML); None: not installed
     # The loaded module (/sys/module/nvidia/version, /proc/driver/nvidia/version) and nvidia.ko on disk
     # (modinfo -F version, every kernel); None: the same as driver_version, as after a clean install.
@@ -141,12 +146,18 @@ class HostSpec:
     def ko_version(self) -> str:
         return self.module_version or self.driver_version or DEFAULT_DRIVER
 
+    @property
+    def kernels(self) -> list[str]:
+        """Every installed kernel."""
+        return [self.kernel, *self.fallback_kernels, *self.newer_kernels]
+
     def modules(self) -> dict[str, str | None]:
-        """kernel -> signer of its nvidia.ko (None: unsigned)."""
+        """kernel -> signer of its nvidia.ko (None: unsigned), for every kernel that has one."""
         others = self.other_kernel_modules
         if others is None:
-            others = {k: CANONICAL_SIGNER for k in self.fallback_kernels}
-        return {**others, self.kernel: self.module_signer}
+            others = {k: CANONICAL_SIGNER for k in [*self.fallback_kernels, *self.newer_kernels]}
+        found = {**others, self.kernel: self.module_signer}
+        return {k: v for k, v in found.items() if k not in self.kernels_without_module}
 
 
 def cache_dir() -> Path:
@@ -509,7 +520,7 @@ class TestHost:
 
         # Kernels, their nvidia.ko, and dpkg's view of them.
         stanzas = [(rootfs / "var/lib/dpkg/status").read_text().strip()]
-        for kernel in [spec.kernel, *spec.fallback_kernels]:
+        for kernel in spec.kernels:
             base, abi = _kernel_parts(kernel)
             upper.write(f"boot/vmlinuz-{kernel}", "stand-in kernel image\n", mode=0o600)
             if kernel not in spec.kernels_without_initramfs:
@@ -532,7 +543,8 @@ class TestHost:
                 )
             else:
                 rel = "updates/dkms/nvidia.ko"
-            make_module(upper.path(f"lib/modules/{kernel}/{rel}"), kernel, spec.ko_version, signer, spec.arch)
+            version = spec.module_versions.get(kernel, spec.ko_version)
+            make_module(upper.path(f"lib/modules/{kernel}/{rel}"), kernel, version, signer, spec.arch)
             for empty in ("modules.order", "modules.builtin", "modules.builtin.modinfo"):  # for depmod
                 upper.write(f"lib/modules/{kernel}/{empty}", "")
         if spec.driver_version is not None:
@@ -540,7 +552,20 @@ class TestHost:
             package, version = f"nvidia-driver-{ubranch}-open", f"{spec.driver_version}-0ubuntu1"
             source = f"nvidia-graphics-drivers-{ubranch}"
             stanzas.append(_stanza(package, version, source, "NVIDIA driver metapackage", "restricted/misc"))
+        for package in spec.half_configured:
+            stanzas.append(_stanza(package, "595.84-0ubuntu1", "nvidia-graphics-drivers-595", "NVIDIA DKMS "
+                                   "module source", "restricted/misc").replace("install ok installed",
+                                                                               "install ok half-configured"))
         upper.write("var/lib/dpkg/status", "\n\n".join(stanzas) + "\n")
+        for stanza in stanzas[1:]:  # what dpkg --audit wants of an installed package: its file list and sums
+            package = stanza.split("\n", 1)[0].removeprefix("Package: ")
+            upper.write(f"var/lib/dpkg/info/{package}.list", "/.\n")
+            upper.write(f"var/lib/dpkg/info/{package}.md5sums", "")
+        # GRUB boots its first entry, the newest kernel, and /boot/vmlinuz points there (as on Ubuntu).
+        upper.write("etc/default/grub", 'GRUB_DEFAULT=0\nGRUB_TIMEOUT_STYLE=hidden\nGRUB_TIMEOUT=0\n'
+                    'GRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\n')
+        newest = max(spec.kernels, key=lambda k: tuple(int(p) for p in re.findall(r"\d+", k)))
+        upper.path("boot/vmlinuz").symlink_to(f"vmlinuz-{newest}")
 
         # The loaded module (sys stays a plain directory), and the files hostinit.sh binds over /proc.
         proc = self.rundir / "proc"
@@ -765,7 +790,7 @@ def _proc_root(pid: int) -> str | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Running: neither gone nor a zombie (a killed child stays one until its parent reaps it)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -775,7 +800,7 @@ def _alive(pid: int) -> bool:
 
 def _wait_gone(pid: int, timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
 
 

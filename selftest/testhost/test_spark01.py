@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import testinfra
 
-from .spark01 import CANONICAL_SIGNER, HostSpec, TestHost, _alive, cache_dir
+from .spark01 import CANONICAL_SIGNER, HostSpec, TestHost, alive
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="a test host needs root (network namespaces, mounts)"
@@ -218,18 +218,19 @@ def test_two_hosts_at_once_have_their_own_names_and_addresses():
 def _traces(host: TestHost, pids: list[int]) -> list[str]:
     """What of `host` is still there, as seen from the root namespaces."""
     found = []
-    if host.netns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout:
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    if host.netns in (line.split()[0] for line in netns.splitlines() if line.strip()):
         found.append(f"netns {host.netns}")
     if Path(f"/sys/class/net/{host.veth}").exists():
         found.append(f"veth {host.veth}")
     if host.rundir.exists():
         found.append(str(host.rundir))
-    if "testhost" in Path("/proc/self/mountinfo").read_text():
-        found.append("a testhost mount")
-    found += [f"pid {pid}" for pid in pids if _alive(pid)]  # a zombie is dead: its parent has yet to reap it
-    for proc in Path("/proc").glob("[0-9]*"):
+    if str(host.rundir) in Path("/proc/self/mountinfo").read_text():
+        found.append("a mount of the host")
+    found += [f"pid {pid}" for pid in pids if alive(pid)]  # a zombie is dead: its parent has yet to reap it
+    for proc in Path("/proc").glob("[0-9]*"):  # (other test hosts may be running: only this one's count)
         try:
-            if str(cache_dir()).encode() in (proc / "cmdline").read_bytes():
+            if str(host.rundir).encode() in (proc / "cmdline").read_bytes():
                 found.append(f"process {proc.name}")
         except OSError:
             pass
@@ -255,7 +256,7 @@ def test_a_leftover_of_a_crashed_run_is_cleaned_at_start():
     left = [crashed._init_pid, crashed._proc.pid]
     # A new run knows nothing of the old TestHost object: only the netns, veth and per-host dir remain.
     with TestHost(HostSpec(driver_version="580.159.03")) as again:
-        assert not any(_alive(pid) for pid in left)
+        assert not any(alive(pid) for pid in left)
         assert ssh_host(again).check_output("cat /sys/module/nvidia/version") == "580.159.03"
     crashed._proc.wait()
     assert _traces(again, left) == []

@@ -39,7 +39,7 @@ def test_per_request_decode_under_concurrency_meets_the_floors(check, target, re
                          [aggregate_tok_s(records)], shape))
         floor = recipe.floors.get("single_stream_decode" if c == 1 else f"concurrent_{c}_decode")
         if floor and figure.mean < floor.min:
-            short.append(f"{figure} < {floor.min:g} ({floor.measured}; {floor.source})")
+            short.append(f"{figure}, expected {floor.expected()}")
     if not any(k == "single_stream_decode" or k.startswith("concurrent_") for k in recipe.floors):
         check.cannot_run(f"recipe {recipe.name} declares no concurrency floors (figures were recorded)")
     check.that(not short, expected="every level at or above its floor",

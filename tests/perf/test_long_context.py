@@ -42,7 +42,7 @@ def floor_check(check, recipe, name, figure):
     floor = recipe.floors.get(name)
     if floor is None:
         check.cannot_run(f"recipe {recipe.name} declares no {name} floor ({figure} recorded)")
-    check.that(figure.mean >= floor.min, expected=f">= {floor.min:g} {floor.unit} ({floor.measured})",
+    check.that(figure.mean >= floor.min, expected=floor.expected(),
                found=f"{figure} on {recipe.name}, {figure.shape['prompt']}")
 
 

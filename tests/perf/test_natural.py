@@ -33,5 +33,5 @@ def test_natural_single_stream_decode_meets_the_floor(check, target, recipe, roo
     record(Figure.of("natural decode, prose", "tok/s", rates[:2], {**SHAPE, "prompt": "prose"}, roofline))
     record(Figure.of("natural decode, code", "tok/s", rates[2:], {**SHAPE, "prompt": "code"}, roofline))
     check.that(figure.mean >= floor.min,
-               expected=f">= {floor.min:g} {floor.unit} ({floor.measured}; {floor.source})",
+               expected=floor.expected(),
                found=f"{figure} on {recipe.name}, shape {SHAPE}")
