@@ -109,10 +109,13 @@ def context_rule(recipe: Recipe, args: ServeArgs) -> Verdict:
     return Verdict(not problem, want, problem or f"--max-model-len {length:,}")
 
 
-def eager_rule(profile: Profile, args: ServeArgs, logged_eager: bool | None = None) -> Verdict:
+def eager_rule(profile: Profile, args: ServeArgs, logged_eager: bool | None = None,
+               engine_device: str | None = None) -> Verdict:
     """CONT-EAGER: CUDA graphs on, where the profile's driver supports them (GB10 with driver >= 590)."""
     if profile.gpu is None:
         return Verdict.skip(f"profile {profile.name} has no GPU: there are no CUDA graphs to keep")
+    if engine_device == "CPU":
+        return Verdict.skip("the engine runs on the CPU (its log sizes a CPU KV cache): there are no CUDA graphs")
     eager = args.enforce_eager or bool(logged_eager)
     return Verdict(not eager, "CUDA graphs on (no --enforce-eager)",
                    "--enforce-eager" + (" (and the engine log says eager)" if logged_eager else "") if eager else

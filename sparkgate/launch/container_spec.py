@@ -72,7 +72,10 @@ def mounts(recipe: Recipe, paths: HostPaths) -> list[tuple[str, str, str]]:
 
 
 def labels(recipe: Recipe, run_id: str) -> dict[str, str]:
-    return {f"{LABEL}.recipe": recipe.name, f"{LABEL}.digest": recipe.digest, f"{LABEL}.run": run_id}
+    """The suite's labels; `LABEL.run` (the run that created it) only on what a run creates, which teardown and the
+    next run may remove as the suite's own."""
+    return {f"{LABEL}.recipe": recipe.name, f"{LABEL}.digest": recipe.digest} | (
+        {f"{LABEL}.run": run_id} if run_id else {})
 
 
 def run_kwargs(recipe: Recipe, run_id: str = "", paths: HostPaths = HostPaths()) -> dict[str, Any]:

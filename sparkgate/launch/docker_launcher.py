@@ -275,8 +275,10 @@ def undo(engine: DockerEngine, entries: list[dict[str, Any]], progress: Progress
             what = _retry(engine, progress, lambda client, e=entry: _put_back(client, e), f"restoring {entry['name']}",
                           give_up=restore_commands(entry["name"], was_running=entry["running"]))
             done.append(what)
-    # Anything else carrying the suite's labels (a create interrupted before the journal heard its id).
-    leftovers = _retry(engine, progress, _remove_labelled, "removing the suite's containers")
+    # Anything else a run created (a create interrupted before the journal heard its id); never what was restored.
+    restored = {e["id"] for e in entries if e["kind"] == "set-aside"}
+    leftovers = _retry(engine, progress, lambda client: _remove_labelled(client, restored),
+                       "removing the suite's containers")
     if leftovers:
         done.append(f"removed left-over sparkgate containers: {', '.join(leftovers)}")
     return done
@@ -350,8 +352,8 @@ def _put_back(client: Any, entry: dict[str, Any]) -> str:
     return f"container {name} ({saved.id[:12]}) restored" + ("" if entry["running"] else " (it was not running)")
 
 
-def _remove_labelled(client: Any) -> list[str]:
-    found = client.containers.list(all=True, filters={"label": f"{LABEL}.run"})
+def _remove_labelled(client: Any, keep: set[str]) -> list[str]:
+    found = [c for c in client.containers.list(all=True, filters={"label": f"{LABEL}.run"}) if c.id not in keep]
     for c in found:
         c.remove(force=True)
     return [c.name for c in found]

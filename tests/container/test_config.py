@@ -94,4 +94,4 @@ def test_the_context_is_the_native_window_or_a_consistent_yarn(check, live, reci
 def test_cuda_graphs_are_on_where_the_driver_supports_them(check, live, recipe, sparkgate_state):
     """On a profile whose driver supports CUDA graphs, the server MUST NOT run with --enforce-eager."""
     check.holds(rules.eager_rule(sparkgate_state.profiles[recipe.profile], live.args(recipe),
-                                 live.facts.enforce_eager))
+                                 live.facts.enforce_eager, live.facts.device))
