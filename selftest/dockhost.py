@@ -154,7 +154,7 @@ class Dock:
         result = run_suite(pytester, f"--host={self.host.name}", f"--ssh-config={self.host.ssh_config}",
                            f"--recipes-dir={write_recipe(tmp_path, data)}", f"--recipe={data['name']}", *args,
                            timeout=600)
-        failed = re.findall(r"^\[(CONT-[A-Z-]+)\] ", result.stdout.str(), re.M)
+        failed = re.findall(r"^\[((?:CONT|HOST)-[A-Z-]+)\] ", result.stdout.str(), re.M)
         return result, failed
 
     def names(self) -> set[str]:

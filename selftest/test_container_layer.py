@@ -247,6 +247,7 @@ def test_what_the_replaced_container_holds_counts_as_free_and_a_refusal_stops_no
                                                str(PYTHON_HOME): {"bind": str(PYTHON_HOME), "mode": "ro"}})
     try:
         time.sleep(3)
+        prod.reload()  # StartedAt is set once it runs
         before = dock.names()
         result, _ = dock.run_suite(pytester, tmp_path, data, "-m", "container")
         assert result.ret != 0
@@ -294,7 +295,7 @@ def test_the_process_recipe_skips_every_container_check_with_the_reason(pytester
     result = run_suite(pytester, "-m", "container", f"--recipes-dir={write_recipe(tmp_path, data)}",
                        "--recipe=smollm2-cpu")
     outcomes = result.parseoutcomes()
-    assert outcomes["skipped"] == 11 and not {"passed", "failed", "error"} & set(outcomes), outcomes
+    assert outcomes["skipped"] == 12 and not {"passed", "failed", "error"} & set(outcomes), outcomes
     result.stdout.fnmatch_lines(["SKIPPED*[[]CONT-ENV[]] could not run: smollm2-cpu runs as a process, not in a "
                                  "container (to run it: a docker recipe)*"])
     assert "smollm2-cpu: starting" not in result.stdout.str()
@@ -317,7 +318,7 @@ def test_the_host_docker_check_passes_on_a_host_with_an_engine(pytester, dock):
 def test_the_container_a_recipe_replaces_is_no_competitor_but_another_server_is(pytester, tmp_path, dock, good):
     """HOST-NO-COMPETITOR on a box whose production vLLM runs in a container: not a competitor for the recipe
     that replaces it (the launcher sets it aside and counts its memory as free), a competitor for any other."""
-    args = ("-m", "host", "-k", "competitor")
+    args = ("-m", "host", "-k", "other_model_server")
     result, failed = dock.run_suite(pytester, tmp_path, recipe_data(), *args)
     assert failed == [], result.stdout.str()[-3000:]
     other = recipe_data(name="smollm2-other", container="sg-other", port=18111)

@@ -225,12 +225,13 @@ def _traces(host: TestHost, pids: list[int]) -> list[str]:
         found.append(f"veth {host.veth}")
     if host.rundir.exists():
         found.append(str(host.rundir))
-    if str(host.rundir) in Path("/proc/self/mountinfo").read_text():
+    if f"{host.rundir}/" in Path("/proc/self/mountinfo").read_text().replace(" ", "/ "):
         found.append("a mount of the host")
     found += [f"pid {pid}" for pid in pids if alive(pid)]  # a zombie is dead: its parent has yet to reap it
     for proc in Path("/proc").glob("[0-9]*"):  # (other test hosts may be running: only this one's count)
         try:
-            if str(host.rundir).encode() in (proc / "cmdline").read_bytes():
+            cmdline = (proc / "cmdline").read_bytes() + b"\0"  # spark01's dir is a prefix of spark01d's: whole names
+            if any(f"{host.rundir}{end}".encode() in cmdline for end in ("/", "\0")):
                 found.append(f"process {proc.name}")
         except OSError:
             pass
@@ -241,7 +242,7 @@ def test_stop_leaves_nothing_behind_and_can_be_called_twice():
     host = TestHost(HostSpec(model_servers=["ollama", "llama-server"]))
     host.start()
     ssh_host(host).check_output("true")  # leaves a ControlPersist master on this side
-    masters = subprocess.run(["pgrep", "-f", f"^ssh: {host.rundir}"], capture_output=True, text=True).stdout
+    masters = subprocess.run(["pgrep", "-f", f"^ssh: {host.rundir}/"], capture_output=True, text=True).stdout
     pids = [host._init_pid, host._proc.pid, *map(int, masters.split())]
     assert masters, "no ssh ControlMaster was started"
     host.stop()
