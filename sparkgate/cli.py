@@ -1,10 +1,16 @@
-"""`sparkgate`: read recipes before anything runs.
+"""`sparkgate`: run the shipped checks, and read recipes before anything runs.
 
+  sparkgate run [pytest options]    the shipped checks, from any folder: sparkgate run --host=spark01 -m serving
   sparkgate recipes list            every recipe, its profile and model
   sparkgate recipes show NAME       the exact command line or `docker run` the recipe would start
   sparkgate recipes floors          every performance floor, its rule, figure and source (docs/FLOORS.md)
   sparkgate prepare NAME            convert an embedded model into the cache now (otherwise done at start)
   sparkgate results-schema          the JSON Schema of --results-json files (docs/results.schema.json)
+
+Exit status (`sparkgate run`): 0 every check that ran passed, 1 a check failed or errored, 2 a usage error (a bad
+option, recipe or profile; an unreachable host; a host in use by another run), 3 nothing ran (every selected check
+was skipped, or none was selected: read the skip reasons), 130 interrupted. Plain `pytest` says the same with its own
+codes: 0, 1, 4, 5 and 2.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 import sys
 from pathlib import Path
 
+from . import __version__, commit
 from .launch.base import cache_dir
 from .launch.container_spec import docker_run
 from .launch.process_launcher import ProcessLauncher
@@ -42,10 +49,30 @@ def floors_table(recipes: dict[str, Recipe]) -> str:
     return "\n".join(rows) + "\n"
 
 
+# pytest's exit status -> sparkgate run's (docs above): a gate script reads "nothing ran" apart from "passed".
+RUN_STATUS = {0: 0, 1: 1, 2: 130, 3: 4, 4: 2, 5: 3}
+
+
+def run(args: list[str]) -> int:
+    """The shipped checks, wherever sparkgate is installed, with any pytest options (the plugin's included)."""
+    import pytest
+
+    from .shipped import SUITE_DIR
+
+    status = pytest.main([str(SUITE_DIR), "--rootdir", str(SUITE_DIR), "--strict-markers", "-p", "no:cacheprovider",
+                          *args])
+    return RUN_STATUS.get(int(status), int(status))
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"]:  # everything after `run` is pytest's (and the plugin's) to read
+        return run(argv[1:])
     parser = argparse.ArgumentParser(prog="sparkgate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"sparkgate {__version__} (commit {commit()})")
     sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("run", help="run the shipped checks: sparkgate run --host=spark01 -m serving [pytest options]")
     recipes = sub.add_parser("recipes", help="list recipes or show what one would start")
     rsub = recipes.add_subparsers(dest="action", required=True)
     listing = rsub.add_parser("list")

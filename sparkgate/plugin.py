@@ -3,6 +3,7 @@ No checks live here."""
 
 from __future__ import annotations
 
+import html
 import os
 import signal
 import threading
@@ -12,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from . import redact
+from . import __version__, commit, redact
 from .checks import Check
 from .hostfacts import HostFacts, gather, gpu_mib_of_container, matching_profile
 from .hostlock import HostLock, Journal, LockError
@@ -21,12 +22,14 @@ from .launch.base import DEFERRED_SIGNALS, TEARDOWN_SIGNALS, noting, wait_ready
 from .launch.container_spec import HostPaths
 from .launch.docker_engine import DockerEngine
 from .launch.docker_launcher import HostSide, undo
+from .measure import Figure
 from .recipes import RECIPES_DIR, Profile, Recipe, RecipeError, load_profiles, load_recipes
 from .redact import mask
+from .report import Measured, Outcome, summary_html, summary_markdown
 from .results import ResultsFile
+from .shipped import LAYERS, layer_of
 from .target import open_host
 
-LAYERS = ("host", "container", "serving", "perf")
 STATE = pytest.StashKey["State"]()
 
 
@@ -60,6 +63,8 @@ class State:
         self._docker: DockerEngine | None = None
         self.lock: HostLock | None = None
         self._journal: Journal | None = None
+        self.outcomes: dict[str, Outcome] = {}  # nodeid -> how each check of this run ended
+        self.measured: list[Measured] = []  # every figure, with the floor it was held to
         # Secrets the run knows before it starts: they are masked in everything it writes.
         redact.secret(opt.sg_api_key)
         for r in self.recipes.values():
@@ -117,6 +122,27 @@ class State:
                                              f"restored: {exc}")) from None
             self.journal.clear()
 
+    def record_figure(self, figure: Figure, recipe: Recipe, check: str, floor: float | None = None) -> None:
+        """A measured figure, for the report's summary and plots and the results file."""
+        self.measured.append(Measured(recipe.name, check, figure, floor))
+        if self.results:
+            self.results.add(figure, recipe, check, floor)
+
+    def note_outcome(self, item: pytest.Item, report: pytest.TestReport, check: str) -> None:
+        """How a check ended (a failure in setup, call or teardown is its outcome, whatever else happened)."""
+        if (old := self.outcomes.get(item.nodeid)) is not None and old.outcome == "failed":
+            return
+        outcome = "skipped" if report.skipped else "failed" if report.failed else "passed"
+        if isinstance(report.longrepr, tuple):
+            message = report.longrepr[2].removeprefix("Skipped: ")
+        else:
+            message = str(report.longrepr or "")
+        self.outcomes[item.nodeid] = Outcome(item.nodeid, check, _recipe_of(item), outcome, mask(message))
+
+    def summary_markdown(self) -> str:
+        meta = self.config.stash.get(_metadata_key(), {}) if _metadata_key() else {}
+        return summary_markdown(list(self.outcomes.values()), self.measured, {k: str(v) for k, v in meta.items()})
+
     def release(self) -> None:
         if self._docker is not None:
             self._docker.close()  # the ssh forward of the engine's socket
@@ -168,8 +194,8 @@ class State:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("sparkgate", "sparkgate: is this box fit to serve?")
     group.addoption("--host", dest="sg_host", default="local", metavar="TARGET",
-                    help="the box to check: `local` (default), an ssh name from your ssh config, "
-                         "or ssh://user@host:port")
+                    help="the box to check: an ssh name from your ssh config, ssh://user@host:port, or "
+                         "local (default: local)")
     group.addoption("--recipe", dest="sg_recipe", action="append", default=None, metavar="NAME",
                     help="recipe to serve and test (repeatable; default: every recipe whose hardware profile "
                          "matches the host). `sparkgate recipes list` shows them")
@@ -180,19 +206,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "else the one the host matches)")
     group.addoption("--base-url", dest="sg_base_url", default=None, metavar="URL",
                     help="test a server that is already running at URL (e.g. http://spark01:8000); "
-                         "start and stop nothing. Needs exactly one --recipe")
+                         "start and stop nothing. Needs exactly one --recipe (default: start the recipe)")
     group.addoption("--results-json", dest="sg_results_json", default=None, metavar="PATH",
-                    help="write every measurement and the system facts to PATH as the run goes")
+                    help="write every measurement and the system facts to PATH as the run goes "
+                         "(default: none)")
     group.addoption("--repro-dir", dest="sg_repro_dir", action="append", default=None, metavar="DIR",
-                    help="more stored request bodies (*.json) to replay on every run, besides "
-                         "tests/data/repro (repeatable)")
+                    help="more stored request bodies (*.json) to replay on every run, besides the shipped "
+                         "ones (repeatable; default: the shipped ones only)")
     group.addoption("--usable-tok-s", dest="sg_usable_tok_s", type=float, default=20, metavar="TOK_S",
                     help="per-request decode below which a user's speed is no longer usable, for the capacity "
                          "sweep (default 20: people read at 4-5 tok/s, and 20+ outruns reading comfortably); "
                          "a recipe's usable_decode floor overrides it")
     group.addoption("--list-checks", dest="sg_list_checks", default=None, metavar="PATH",
                     help="write the collected checks (ID, layer, MUST, why, fix) as Markdown to PATH "
-                         "('-': the terminal) and run nothing")
+                         "('-': the terminal) and run nothing (default: run the checks)")
     group.addoption("--docker-host", dest="sg_docker_host", default=None, metavar="URL",
                     help="the docker engine to use, as DOCKER_HOST (default: the local engine for --host local, "
                          "else the engine's socket on --host, forwarded over ssh with the ssh options given)")
@@ -205,6 +232,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--api-key", dest="sg_api_key", default=None, metavar="KEY",
                     help="API key for a server that wants one (default: the recipe's own --api-key, else "
                          "$OPENAI_API_KEY); sent as a bearer token, never printed")
+    group.addoption("--summary-md", dest="sg_summary_md", default=None, metavar="PATH",
+                    help="write the run's summary (figures, failures by cause, environment, skips) as Markdown to "
+                         "PATH, short enough to paste into an issue (default: none)")
     group.addoption("--redact", dest="sg_redact", action="store_true", default=False,
                     help="replace the hostname, ssh target, user, home paths and PCI ids with placeholders in "
                          "the report and the results file, so they can be shared (secrets are always masked)")
@@ -215,8 +245,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{layer}: the {layer} layer (applied from the tests/{layer} folder)")
     config.addinivalue_line("markers", "extended: long shapes (30K-token prompts, sustained load)")
     config.addinivalue_line("markers", "check(id, why, fix): the stable ID of an acceptance check")
+    for option in ("hosts", "connection"):  # testinfra's: accepted by pytest, silently meaning the local machine
+        if getattr(config.option, option, None):
+            raise pytest.UsageError(f"--{option} is testinfra's option, and sparkgate does not read it: the box is "
+                                    "--host (an ssh name, ssh://user@host:port, or local), reached over ssh")
     config.stash[STATE] = State(config)
-    _teardown_on_every_signal(config)
 
 
 _SAVED_HANDLERS = pytest.StashKey[dict[int, Any]]()
@@ -264,11 +297,7 @@ def redact_identities(facts: HostFacts) -> None:
 
 
 def _layer(item: pytest.Item) -> str | None:
-    parts = Path(str(item.path)).parts
-    for i, part in enumerate(parts[:-1]):
-        if part == "tests" and parts[i + 1] in LAYERS:
-            return parts[i + 1]
-    return None
+    return layer_of(Path(str(item.path)))
 
 
 def _recipe_of(item: pytest.Item) -> str | None:
@@ -301,6 +330,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     if config.option.collectonly or not any(_layer(i) for i in session.items):
         return
+    _teardown_on_every_signal(config)  # from here on the run may change the box: every signal tears down
     state.take_the_host(_progress(config))
     facts = state.facts
     state.select_for_host()
@@ -322,7 +352,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     order = {r.name: i for i, r in enumerate(state.selected)}
     session.items.sort(key=lambda item: (_layer(item) != "host", order.get(_recipe_of(item), -1),
                                          LAYERS.index(_layer(item) or "host")))
-    _record_environment(config, facts)
+    _record_environment(config, facts, {"sparkgate": f"{__version__} (commit {commit()})"})
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter:
         for key, value in facts.summary().items():
@@ -354,13 +384,18 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     return True if session.config.option.sg_list_checks else None  # listing checks runs nothing
 
 
-def _record_environment(config: pytest.Config, facts: HostFacts, extra: dict[str, str] | None = None) -> None:
-    """Host facts and recipes into pytest-html's environment table (pytest-metadata)."""
+def _metadata_key() -> Any:
     try:
         from pytest_metadata.plugin import metadata_key
     except ImportError:
-        return
-    meta = config.stash.get(metadata_key, None)
+        return None
+    return metadata_key
+
+
+def _record_environment(config: pytest.Config, facts: HostFacts, extra: dict[str, str] | None = None) -> None:
+    """Host facts and recipes into pytest-html's environment table (pytest-metadata)."""
+    key = _metadata_key()
+    meta = config.stash.get(key, None) if key else None
     if meta is not None:
         meta.update({k: mask(v) for k, v in facts.summary().items()})
         meta.update({k: mask(v) for k, v in (extra or {}).items()})
@@ -371,9 +406,10 @@ def _progress(config: pytest.Config):
     ends: a model loads for minutes)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capman = config.pluginmanager.get_plugin("capturemanager")
+    quiet = config.option.verbose < 0
 
     def say(msg: str) -> None:
-        if reporter is None:
+        if reporter is None or (quiet and msg.startswith("  ")):  # details are left out under -q
             return
         if capman is not None:
             with capman.global_and_fixture_disabled():
@@ -450,8 +486,6 @@ def _served(recipe: Recipe, sparkgate_state: State, pytestconfig: pytest.Config)
                      _progress(pytestconfig), opt.sg_startup_timeout, docker=lambda: state.docker,
                      journal=state.journal, host=state.host_side) as srv:
             served = srv
-            _record_environment(pytestconfig, state.facts,
-                                {f"Recipe {recipe.name}": f"{recipe.model.id} ({recipe.digest})"})
             _record_server(srv, state)
             yield srv
     except Exception as exc:
@@ -477,6 +511,15 @@ def _record_server(srv: Server, state: State) -> None:
         srv.facts.setdefault("vllm_version", "unknown (no /version)")
     if state.results:
         state.results.add_recipe(srv.recipe, srv.facts)
+    r, f = srv.recipe, srv.facts
+    if r is not None:  # the report's environment table: what served, exactly
+        image = f"{f['image']} ({f.get('image_id', '')[:19]}; {f.get('image_digest') or 'no registry digest'})" \
+            if f.get("image") else "none (a local process)"
+        _record_environment(state.config, state.facts, {f"{r.name}: model": r.model.id,
+                                                        f"{r.name}: vLLM": f["vllm_version"],
+                                                        f"{r.name}: image": image,
+                                                        f"{r.name}: recipe digest": r.digest,
+                                                        f"{r.name}: served at": srv.base_url})
 
 
 @pytest.fixture
@@ -507,6 +550,23 @@ def results(sparkgate_state: State) -> ResultsFile | None:
 
 # ---- report plumbing -------------------------------------------------------------------------------------
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A run in which every check was skipped ran nothing: it must not read as a pass to a gate script."""
+    state = session.config.stash.get(STATE, None)
+    if state is None:
+        return
+    if session.config.option.sg_summary_md:
+        Path(session.config.option.sg_summary_md).write_text(mask(state.summary_markdown()))
+    ran = {o.outcome for o in state.outcomes.values()}
+    if exitstatus == pytest.ExitCode.OK and state.outcomes and not ran & {"passed", "failed"}:
+        session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter:
+            reporter.write_line(f"sparkgate: all {len(state.outcomes)} selected checks were skipped: nothing ran "
+                                "(exit status 5; read the skip reasons)")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     outcome = yield
@@ -514,6 +574,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     c = Check.of(item)
     if c:
         report.user_properties.append(("check", c.id))
+    state = item.config.stash.get(STATE, None)
+    if state is not None and _layer(item) and (call.when == "call" or not report.passed):
+        state.note_outcome(item, report, c.id if c else item.name)
     _mask_report(report)
     if DEFERRED_SIGNALS and call.when == "teardown":  # Ctrl-C during a restore: stop now that it is done
         item.session.shouldstop = f"{signal.Signals(DEFERRED_SIGNALS[0]).name} received during a teardown"
@@ -529,6 +592,20 @@ def _mask_report(report: pytest.TestReport) -> None:
         text = str(report.longrepr)
         if mask(text) != text:
             report.longrepr = mask(text)
+
+
+def pytest_html_results_summary(prefix: list[str], summary: list[str], postfix: list[str],
+                                session: pytest.Session) -> None:
+    """The report opens on the run's summary: figures, failures by cause, plots, skips by reason."""
+    state = session.config.stash.get(STATE, None)
+    if state is not None and state.outcomes:
+        prefix.append(mask(summary_html(list(state.outcomes.values()), state.measured)))
+
+
+def pytest_html_results_table_html(report: pytest.TestReport, data: list[str]) -> None:
+    """A skipped check's row says why, in one line, instead of pytest's raw (path, line, reason) tuple."""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        data[:] = [f'<div class="log">{html.escape(report.longrepr[2].removeprefix("Skipped: "))}</div>']
 
 
 def pytest_html_results_table_header(cells: list[str]) -> None:

@@ -15,10 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .serveargs import ServeArgs
-
-ROOT = Path(__file__).resolve().parent.parent
-RECIPES_DIR = ROOT / "recipes"
-PROFILES_DIR = ROOT / "profiles"
+from .shipped import PROFILES_DIR, RECIPES_DIR
 
 
 class RecipeError(Exception):

@@ -30,6 +30,7 @@ class RecipeRun(BaseModel):
 class Measurement(Figure):
     recipe: str
     check: str = Field(description="the check ID that measured it")
+    floor: float | None = Field(None, description="the minimum the check held this figure to; None: recorded only")
 
 
 class Results(BaseModel):
@@ -57,8 +58,9 @@ class ResultsFile:
                                            image=recipe.image, server=server or {}))
         self._write()
 
-    def add(self, figure: Figure, recipe: Recipe, check: str) -> None:
-        self.data.measurements.append(Measurement(**figure.model_dump(), recipe=recipe.name, check=check))
+    def add(self, figure: Figure, recipe: Recipe, check: str, floor: float | None = None) -> None:
+        self.data.measurements.append(Measurement(**figure.model_dump(), recipe=recipe.name, check=check,
+                                                  floor=floor))
         self._write()
 
     def _write(self) -> None:

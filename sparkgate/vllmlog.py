@@ -171,3 +171,32 @@ def parse(text: str) -> StartupFacts:
     if m := _CAPTURE_DONE.search(part):
         facts.graph_capture_gib = _f(m.group(2))
     return facts
+
+
+_PHASES = [
+    (re.compile(r"Initializing a V\d LLM engine \(v([^)\s]+)\)"), "engine v{0} initialising"),
+    (re.compile(r"Loading safetensors checkpoint shards:\s+\d+% Completed \| (\d+)/(\d+)"),
+     "loading weights: shard {0} of {1}"),
+    (re.compile(rf"Model loading took {_NUM} GiB(?: memory)? and {_NUM} s"), "weights loaded: {0} GiB in {1} s"),
+    (re.compile(rf"Loading weights took {_NUM} seconds"), "weights loaded in {0} s"),
+    (re.compile(r"Capturing CUDA graphs \(([^,)]+), ([A-Z_]+)\)"), "capturing CUDA graphs ({0}, {1})"),
+    (re.compile(rf"Graph capturing finished in {_NUM} secs?, took (-?{_NUM[1:-1]}) GiB"),
+     "graphs captured in {0} s, {1} GiB"),
+    (re.compile(rf"(?:GPU|CPU) KV cache size: {_NUM} tokens"), "KV cache sized: {0} tokens"),
+    (re.compile(rf"init engine \(profile, create kv cache, warmup model\) took {_NUM} s"), "engine ready in {0} s"),
+    (re.compile(r"Starting vLLM (?:API )?server on (\S+)"), "API server starting on {0}"),
+]
+
+
+def phases(text: str) -> list[str]:
+    """What a starting server has done so far, one line per phase, from its log (the last start's): for the
+    progress an operator watches while a model loads for minutes."""
+    part, _ = last_start(text)
+    found: list[tuple[int, str]] = []
+    for pattern, template in _PHASES:
+        matches = list(pattern.finditer(part))
+        if matches:  # a phase that repeats (shards, graph sizes) is shown at its latest
+            m = matches[-1]
+            found.append((matches[0].start(), template.format(*m.groups())))
+    return [line for _, line in sorted(found)]
+

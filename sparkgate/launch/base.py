@@ -18,6 +18,8 @@ import httpx
 from ..recipes import Recipe
 from ..redact import mask
 
+# A progress line for the operator. A line that starts with two spaces is a detail (a loading phase, the time
+# spent): shown by default, left out under -q.
 Progress = Callable[[str], None]
 TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -86,11 +88,16 @@ def _never_ready(response: httpx.Response, served_name: str) -> str | None:
 
 
 def wait_ready(base_url: str, served_name: str, timeout_s: float, alive: Callable[[], str | None],
-               progress: Progress, label: str, api_key: str | None = None, quiet: bool = False) -> None:
+               progress: Progress, label: str, api_key: str | None = None, quiet: bool = False,
+               log: Callable[[], str] | None = None) -> None:
     """Poll /v1/models until `served_name` is listed. `alive()` returns why the server is gone, or None.
-    An answer that can never become ready (401, 403, 404, not a model list, another model) fails at once."""
+    An answer that can never become ready (401, 403, 404, not a model list, another model) fails at once.
+    While it loads, each phase its log shows (`log()`: weights, graphs, KV cache) is a progress detail."""
+    from ..vllmlog import phases
+
     start = time.monotonic()
-    last_note = start
+    last_note = last_look = start
+    seen: set[str] = set()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=5, headers=headers) as client:
         while True:
@@ -111,8 +118,15 @@ def wait_ready(base_url: str, served_name: str, timeout_s: float, alive: Callabl
             if now - start > timeout_s:
                 raise StartError(f"{label} not serving after {timeout_s:.0f} s"
                                  + ("" if quiet else " (--startup-timeout)"))
+            if log is not None and now - last_look >= 3:
+                last_look = now
+                for phase in phases(log()):
+                    if phase not in seen:
+                        seen.add(phase)
+                        progress(f"  {label}: {phase} ({now - start:.0f} s)")
+                        last_note = now
             if now - last_note >= 15:
-                progress(f"{label}: loading, {now - start:.0f} s")
+                progress(f"  {label}: loading, {now - start:.0f} s")
                 last_note = now
             time.sleep(1)
 

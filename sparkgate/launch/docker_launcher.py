@@ -155,8 +155,7 @@ class DockerLauncher:
         try:
             client.images.get(r.image)
         except docker.errors.ImageNotFound:
-            progress(f"{r.name}: pulling {r.image} (--docker-pull)")
-            client.images.pull(r.image)
+            self._pull(progress)
         if plan.replace is not None:
             self._set_aside(plan.replace, plan.drift, progress)
         progress(f"{r.name}: {docker_run(r, self.host.paths)}")
@@ -170,8 +169,28 @@ class DockerLauncher:
                              f"{exc.explanation or exc}") from None
         server = self._server(base_url, container)
         wait_ready(base_url, r.model.served_name, timeout_s, self._watch(container, ours=True), progress, r.name,
-                   server.api_key)
+                   server.api_key, log=server.log_text)
         return self._with_facts(server, container)
+
+    def _pull(self, progress: Progress) -> None:
+        """docker pull, saying how far it is (bytes of all layers) every 10 s: a Spark image is ~20 GB."""
+        image = self.recipe.image or ""
+        repo, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "latest")
+        progress(f"{self.recipe.name}: pulling {image} (--docker-pull)")
+        start = last = time.monotonic()
+        layers: dict[str, tuple[int, int]] = {}
+        for event in self.engine.client.api.pull(repo, tag=tag, stream=True, decode=True):
+            if "error" in event:
+                raise StartError(f"docker pull {image} failed: {event['error']}")
+            detail = event.get("progressDetail") or {}
+            if event.get("id") and detail.get("total"):
+                layers[event["id"]] = (int(detail.get("current", 0)), int(detail["total"]))
+            if time.monotonic() - last >= 10 and layers:
+                last = time.monotonic()
+                done, total = sum(c for c, _ in layers.values()), sum(t for _, t in layers.values())
+                progress(f"  {self.recipe.name}: pulling {image}: {done / 1e9:.2f} of {total / 1e9:.2f} GB in "
+                         f"{len(layers)} layers ({last - start:.0f} s)")
+        progress(f"{self.recipe.name}: pulled {image} in {time.monotonic() - start:.0f} s")
 
     def _set_aside(self, existing: Any, drift: list[str], progress: Progress) -> None:
         name = existing.name

@@ -79,7 +79,8 @@ class ProcessLauncher:
             rc = self.proc.poll() if self.proc else None
             return None if rc is None else f"exit status {rc}; last lines of its log:\n{log_tail(self.log_path)}"
 
-        wait_ready(base_url, r.model.served_name, timeout_s, alive, progress, r.name, server.api_key)
+        wait_ready(base_url, r.model.served_name, timeout_s, alive, progress, r.name, server.api_key,
+                   log=server.log_text)
         return server
 
     def stop(self, progress: Progress) -> bool:

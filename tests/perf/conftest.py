@@ -61,15 +61,16 @@ def method():
 
 
 @pytest.fixture
-def record(results, recipe, check, method):
-    """Print a figure (with n, std and roofline share) and keep it in the results file."""
+def record(sparkgate_state, recipe, check, method):
+    """Print a figure (with n, std and roofline share) and keep it, with the floor it is held to, for the report,
+    the summary and the results file."""
 
-    def keep(figure):
+    def keep(figure, floor=None):
         if figure.method == METHOD:
             figure.method = method.value
         print(f"{recipe.name} [{check.id}]: {figure}")
-        if results:
-            results.add(figure, recipe, check.id)
+        minimum = getattr(floor, "min", floor)  # a recipe's Floor, or a bare minimum (the usable speed)
+        sparkgate_state.record_figure(figure, recipe, check.id, minimum)
         return figure
 
     return keep

@@ -39,8 +39,9 @@ def test_capacity_sweep_reports_the_largest_usable_concurrency(check, target, re
                                                                 for i in range(level)])),
                             f"request at {level} concurrent")
         figure = record(Figure.of(f"capacity sweep: decode per request at {level} concurrent", "tok/s",
-                                  [r.decode_tok_s for r in records], shape, roofline))
+                                  [r.decode_tok_s for r in records], shape, roofline), usable)
         ttft = max(r.ttft_s or 0 for r in records)
+        record(Figure.of(f"capacity sweep: worst TTFT at {level} concurrent", "s", [ttft], shape))
         rows.append(f"{level}: {figure.mean:.1f} tok/s per request, {aggregate_tok_s(records):.1f} aggregate, "
                     f"worst TTFT {ttft:.2f} s")
         if figure.mean < usable:

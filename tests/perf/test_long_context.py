@@ -39,7 +39,7 @@ def _measure(target, recipe, completed):
 
 
 def floor_check(check, recipe, name, figure):
-    floor = recipe.floors.get(name)
+    floor = recipe.floors.get(name)  # (the figure was recorded with it)
     if floor is None:
         check.cannot_run(f"recipe {recipe.name} declares no {name} floor ({figure} recorded)")
     check.that(figure.mean >= floor.min, expected=floor.expected(),
@@ -55,7 +55,7 @@ def test_decode_after_a_long_prompt_meets_the_floor(check, recipe, long_runs, ro
     """Decode after a ~30K-token uncached prompt MUST meet the recipe's floor."""
     records, shape = long_runs
     figure = record(Figure.of("long-context decode, per request", "tok/s", [r.decode_tok_s for r in records],
-                              shape, roofline))
+                              shape, roofline), recipe.floors.get("long_context_decode"))
     floor_check(check, recipe, "long_context_decode", figure)
 
 
@@ -68,5 +68,6 @@ def test_prefill_of_a_long_prompt_meets_the_floor(check, recipe, long_runs, reco
     """Prefill of a ~30K-token uncached prompt MUST meet the recipe's floor."""
     records, shape = long_runs
     record(Figure.of("long-context TTFT", "s", [r.ttft_s for r in records], shape))
-    figure = record(Figure.of("long-context prefill", "tok/s", [r.prefill_tok_s for r in records], shape))
+    figure = record(Figure.of("long-context prefill", "tok/s", [r.prefill_tok_s for r in records], shape),
+                    recipe.floors.get("long_context_prefill"))
     floor_check(check, recipe, "long_context_prefill", figure)

@@ -25,12 +25,12 @@ def test_sustained_load_keeps_every_stream_at_its_floor(check, target, recipe, r
                                                 streams, DURATION_S)), "request under sustained load")
     shape = {"prompt": "prose and code", "max_tokens": MAX_TOKENS, "ignore_eos": False, "thinking": "off",
              "temperature": 0.3, "concurrency": streams, "duration_s": DURATION_S}
+    floor = recipe.floors.get("sustained_decode")
     figure = record(Figure.of(f"sustained decode per request at {streams} streams", "tok/s",
-                              [r.decode_tok_s for r in records], shape, roofline))
+                              [r.decode_tok_s for r in records], shape, roofline), floor)
     # Capacity, for planning: reported, never a floor (a sum over users is no one's speed).
     record(Figure.of(f"sustained aggregate at {streams} streams (capacity, not a speed)", "tok/s",
                      [aggregate_tok_s(records)], shape))
-    floor = recipe.floors.get("sustained_decode")
     if floor is None:
         check.cannot_run(f"recipe {recipe.name} declares no sustained_decode floor (figures recorded)")
     check.that(figure.mean >= floor.min, expected=floor.expected(" per request"),

@@ -17,9 +17,9 @@ import pytest
 from httpx_sse import SSEError, connect_sse
 
 from sparkgate import sanity
+from sparkgate.shipped import REPRO_DIR
 from sparkgate.stream import Assembled, StreamError
 
-REPRO_DIR = Path(__file__).resolve().parent.parent / "data" / "repro"
 TIMEOUT_S = 300  # a 2-core CPU box answers a long prompt in tens of seconds; a hang is longer than this
 
 

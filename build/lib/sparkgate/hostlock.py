@@ -1,0 +1,196 @@
+"""One run per host, and a record of what a run changed there, kept on the host itself.
+
+The lock: two runs against one box would both pass the memory pre-flight on the same MemAvailable and start two
+models into one pool of unified memory, the livelock this suite exists to prevent. So a run holds an exclusive
+`flock` on the target for its whole session, through a shell that lives as long as the run's ssh session: when
+the run ends, however it ends (even SIGKILL), that session closes and the kernel releases the lock. A second
+run is refused with who holds it. A holder record left by a run that died is reported and taken over.
+
+The journal: before the docker launcher changes anything on the box (sets a production container aside, creates
+its own), it writes down what it is about to do, on the host (`/tmp/sparkgate-lock/journal.json`). Teardown
+undoes it and clears it. If a run dies before that, the next run (from any machine) finds the journal and
+restores the box before doing anything else.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import getpass
+import json
+import os
+import select
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .redact import mask
+from .target import is_local, ssh_argv
+
+LOCK_DIR = "/tmp/sparkgate-lock"
+JOURNAL = f"{LOCK_DIR}/journal.json"
+
+_HOLD = r"""
+d=%(dir)s
+[ -d "$d" ] || { mkdir -p "$d" && chmod 1777 "$d"; } 2>/dev/null
+command -v flock >/dev/null 2>&1 || { echo NOFLOCK; exit 0; }
+exec 9<"$d" || { echo "NODIR $d"; exit 0; }
+flock -n 9 || { echo BUSY; cat "$d"/holder-* 2>/dev/null; exit 0; }
+for f in "$d"/holder-*; do [ -e "$f" ] && { printf 'STALE '; cat "$f"; rm -f "$f"; }; done
+printf '%%s\n' "$1" > "$d/holder-$(id -u)"
+echo LOCKED
+cat >/dev/null
+rm -f "$d/holder-$(id -u)"
+"""
+
+
+class LockError(Exception):
+    """The host is in use by another run, or cannot be locked; the message says by whom or why."""
+
+
+def holder_text(raw: str) -> str:
+    try:
+        h = json.loads(raw)
+        return f"{h['user']}@{h['client']}, pid {h['pid']}, since {h['started']}: {h['command']}"
+    except (ValueError, KeyError, TypeError):
+        return raw.strip()
+
+
+class HostLock:
+    def __init__(self, target: str, ssh_config: str | None = None, identity_file: str | None = None) -> None:
+        self.target = target
+        self.ssh_config, self.identity_file = ssh_config, identity_file
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stale: list[str] = []  # holders of a lock whose run died, taken over
+        self.warning = ""  # a lock that could not be taken for a reason that is not another run
+
+    def acquire(self, timeout_s: float = 40) -> None:
+        """Hold the lock until release() or the end of this process; raise LockError if another run holds it."""
+        from .launch.base import die_with_parent
+
+        holder = json.dumps({"user": getpass.getuser(), "client": socket.gethostname(), "pid": os.getpid(),
+                             "started": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+                             "command": mask(shlex.join(sys.argv))[:300]})
+        script = _HOLD % {"dir": shlex.quote(LOCK_DIR)}
+        remote = f"sh -c {shlex.quote(script)} sparkgate-lock {shlex.quote(holder)}"
+        argv = ["sh", "-c", script, "sparkgate-lock", holder] if is_local(self.target) else [
+            *ssh_argv(self.target, self.ssh_config, self.identity_file), remote]
+        # Its own session: the terminal's Ctrl-C must not drop the lock while teardown still works on the box.
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True, preexec_fn=die_with_parent)
+        lines = self._read_until(("LOCKED", "BUSY", "NOFLOCK", "NODIR"), timeout_s)
+        head = lines[-1] if lines else ""
+        if head == "LOCKED":
+            self.stale = [holder_text(line[6:]) for line in lines if line.startswith("STALE ")]
+            return
+        rest, err = self._drain()
+        self.release()
+        if head == "BUSY":
+            who = "; ".join(holder_text(line) for line in rest if line.strip()) or "a run that left no record"
+            raise LockError(f"{self.target} is in use by another sparkgate run: held by {who}. One run per host: "
+                            "two at once would both pass the memory pre-flight on the same free memory. Wait for "
+                            "it to finish (or stop it: its teardown restores the box)")
+        if head.startswith(("NOFLOCK", "NODIR")):
+            self.warning = (f"{self.target} has no flock (util-linux)" if head == "NOFLOCK" else
+                            f"{head[6:]} cannot be opened on {self.target}") + ": runs there are not serialised"
+            return
+        raise LockError(f"cannot reach {self.target} to take its run lock: "
+                        f"{err.strip() or f'no answer within {timeout_s:.0f} s'}")
+
+    def _read_until(self, heads: tuple[str, ...], timeout_s: float) -> list[str]:
+        assert self.proc and self.proc.stdout
+        lines: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        fd = self.proc.stdout.fileno()
+        buf = b""
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                lines.append(line.decode(errors="replace"))
+                if lines[-1].startswith(heads):
+                    return lines
+        return lines
+
+    def _drain(self) -> tuple[list[str], str]:
+        """What the holding shell still says (stdout lines, stderr), once it has ended."""
+        assert self.proc is not None
+        try:
+            out, err = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            return [], ""
+        return out.decode(errors="replace").splitlines(), err.decode(errors="replace")
+
+    @property
+    def held(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def release(self) -> None:
+        """Give the lock back: the holding shell reads end-of-input, removes its record and exits."""
+        if self.proc is None:
+            return
+        if self.proc.stdin and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+class Journal:
+    """What this run is about to change on the box (or changed), on the host, so that it can be undone by this
+    run's teardown or, if this run dies, by the next one. Entries are plain dicts with a `kind`."""
+
+    def __init__(self, host: Any) -> None:
+        self.host = host  # a testinfra host: the same connection the host layer uses
+        self.entries: list[dict[str, Any]] = []
+
+    def load(self) -> list[dict[str, Any]]:
+        """What a previous run left (it died before undoing it); [] when it left nothing."""
+        res = self.host.run(f"cat {JOURNAL} 2>/dev/null")
+        if res.rc != 0 or not res.stdout.strip():
+            return []
+        try:
+            entries = json.loads(res.stdout)
+        except ValueError:
+            return []
+        return entries if isinstance(entries, list) else []
+
+    def record(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Write down an intent before acting on it; raises if it cannot be written (then nothing is done)."""
+        entry = {"kind": kind, **fields}
+        self.entries.append(entry)
+        self.save()
+        return entry
+
+    def update(self, entry: dict[str, Any], **fields: Any) -> None:
+        entry.update(fields)
+        self.save()
+
+    def save(self) -> None:
+        if not self.entries:
+            self.clear()
+            return
+        blob = base64.b64encode(json.dumps(self.entries).encode()).decode()
+        res = self.host.run(f"mkdir -p {LOCK_DIR} && printf %s {blob} | base64 -d > {JOURNAL}.tmp && "
+                            f"mv -f {JOURNAL}.tmp {JOURNAL}")
+        if res.rc != 0:
+            raise OSError(f"cannot write the run journal {JOURNAL} on the host: {(res.stderr or res.stdout).strip()}")
+
+    def clear(self) -> None:
+        self.entries = []
+        self.host.run(f"rm -f {JOURNAL}")

@@ -1,0 +1,14 @@
+"""Starting recipes and putting the box back: one file per concern, imports pointing down only.
+
+    base              Server, StartError, the readiness wait, the teardown shield (below everything here)
+    container_spec    a recipe as a container, and a live container's drift from it
+    docker_engine     the target's docker engine, reached over ssh
+    process_launcher  a recipe as a local process
+    docker_launcher   a recipe as a container, every change journaled and undoable
+    lifecycle         serving(): refuse, start, wait, and always restore
+"""
+
+from .base import Server, StartError, cache_dir
+from .lifecycle import serving
+
+__all__ = ["Server", "StartError", "cache_dir", "serving"]

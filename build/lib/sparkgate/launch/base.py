@@ -1,0 +1,162 @@
+"""What every launcher shares, below all of them: the server tests are handed, the start error, the cache, the
+readiness wait, and the signal shield that keeps a teardown from being interrupted half-way."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from ..recipes import Recipe
+from ..redact import mask
+
+Progress = Callable[[str], None]
+TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class StartError(Exception):
+    """A recipe that could not be brought to serving: refused, crashed or timed out. Says why."""
+
+
+def cache_dir() -> Path:
+    """Where converted weights, compiler caches and server logs live (SPARKGATE_CACHE to move it)."""
+    path = Path(os.environ.get("SPARKGATE_CACHE") or Path.home() / ".cache" / "sparkgate")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass
+class Server:
+    """A running OpenAI-compatible server, as tests see it."""
+
+    base_url: str
+    served_name: str
+    recipe: Recipe | None
+    started: bool  # False: it was already running (--base-url, a reused container) and is not ours to stop
+    log_path: Path | None = None
+    facts: dict[str, str] = field(default_factory=dict)
+    container: str | None = None  # the docker launcher's container (its name)
+    logs: Callable[[], str] | None = None  # the server's log, where it is not a file (a container's)
+    api_key: str | None = field(default=None, repr=False)  # what clients send as `Authorization: Bearer`
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def log_text(self) -> str:
+        if self.logs is not None:
+            return self.logs()
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _never_ready(response: httpx.Response, served_name: str) -> str | None:
+    """Why an answer to GET /v1/models means the server will never be ready for these tests; None while it
+    may still be loading (a 503 from a server that loads behind a live port, a proxy's 502)."""
+    status = response.status_code
+    if status in (401, 403):
+        return (f"GET /v1/models answers HTTP {status}: the server wants an API key"
+                + (" and refused the one sent" if "authorization" in response.request.headers else "")
+                + ". Pass it with --api-key (or OPENAI_API_KEY); a recipe's own --api-key is sent by itself")
+    if status in (404, 405):
+        return (f"GET /v1/models answers HTTP {status}: not an OpenAI-compatible server at this address "
+                "(the base URL is without /v1)")
+    if status != 200:
+        return None
+    try:
+        data = response.json()
+        ids = [m["id"] for m in data["data"]]
+    except (ValueError, KeyError, TypeError):
+        kind = response.headers.get("content-type", "no content type")
+        return (f"GET /v1/models answers HTTP 200 with {kind}, not an OpenAI model list: "
+                f"{response.text[:200]!r}")
+    return None if served_name in ids else f"the server serves {ids}, not {served_name!r}"
+
+
+def wait_ready(base_url: str, served_name: str, timeout_s: float, alive: Callable[[], str | None],
+               progress: Progress, label: str, api_key: str | None = None, quiet: bool = False) -> None:
+    """Poll /v1/models until `served_name` is listed. `alive()` returns why the server is gone, or None.
+    An answer that can never become ready (401, 403, 404, not a model list, another model) fails at once."""
+    start = time.monotonic()
+    last_note = start
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(timeout=5, headers=headers) as client:
+        while True:
+            if (gone := alive()) is not None:
+                raise StartError(f"{label} stopped while loading: {gone}")
+            try:
+                response = client.get(f"{base_url}/v1/models")
+            except httpx.HTTPError:
+                response = None
+            if response is not None:
+                if response.status_code == 200 and (why := _never_ready(response, served_name)) is None:
+                    if not quiet:
+                        progress(f"{label}: serving {served_name} after {time.monotonic() - start:.0f} s")
+                    return
+                if why := _never_ready(response, served_name):
+                    raise StartError(f"{label} at {base_url}: {why}")
+            now = time.monotonic()
+            if now - start > timeout_s:
+                raise StartError(f"{label} not serving after {timeout_s:.0f} s"
+                                 + ("" if quiet else " (--startup-timeout)"))
+            if now - last_note >= 15:
+                progress(f"{label}: loading, {now - start:.0f} s")
+                last_note = now
+            time.sleep(1)
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """preexec_fn: the child gets `sig` when the suite's process dies, even by SIGKILL (PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, sig)
+
+
+DEFERRED_SIGNALS: list[int] = []  # received during a shielded teardown: the run stops after it (the plugin)
+
+
+def noting(progress: Progress, what: str) -> Callable[[int, object], None]:
+    """A signal handler that notes a signal instead of obeying it, saying so (at most every 5 s)."""
+    said = [0.0]
+
+    def note(signum: int, _frame: object) -> None:
+        DEFERRED_SIGNALS.append(signum)
+        if time.monotonic() - said[0] > 5:
+            said[0] = time.monotonic()
+            progress(f"{signal.Signals(signum).name} received: {what} goes on to its end, then the run stops (a "
+                     f"restore abandoned half-way leaves the box worse; to abandon it anyway, Ctrl-\\ or kill -9: "
+                     f"the next run puts the box back)")
+
+    return note
+
+
+@contextlib.contextmanager
+def shielded(progress: Progress, what: str) -> Iterator[None]:
+    """Run a teardown to its end: Ctrl-C, SIGTERM and SIGHUP during it are noted, not obeyed (a second Ctrl-C
+    must never abandon a restore half-way); the run stops once it is done. Only the main thread can hold
+    signals; elsewhere it runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    note = noting(progress, what)
+    previous = {s: signal.signal(s, note) for s in TEARDOWN_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def masked(progress: Progress) -> Progress:
+    """Every progress line through the one masking formatter."""
+    return lambda msg: progress(mask(msg))

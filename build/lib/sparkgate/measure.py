@@ -1,0 +1,231 @@
+"""One definition of speed, everywhere: per-request timings of streamed chat completions.
+
+Per request: monotonic timestamps when the request was sent, the first SSE event arrived, the first token
+(content, reasoning or tool-call delta) arrived, and the last token arrived; N is the server's own count
+(usage.completion_tokens). Decode rate = (N - 1) / (t_last - t_first_token); TTFT = t_first_token - t_sent.
+These are the definitions of llama-benchy and `vllm bench serve`, so figures compare.
+
+A server whose stream carries no usage chunk (llama.cpp's, some proxies) has its tokens counted with the model's
+tokenizer instead, as llama-benchy does; a figure built on such counts says so in its method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from httpx_sse import SSEError, aconnect_sse
+from pydantic import BaseModel, Field
+
+from .stream import Assembled, StreamError
+
+METHOD = "sparkgate.stream/1: decode=(N-1)/(t_last-t_first_token), TTFT=t_first_token-t_sent, N=usage"
+METHOD_TOKENIZER = ("sparkgate.stream/1: decode=(N-1)/(t_last-t_first_token), TTFT=t_first_token-t_sent, "
+                    "N=the model's tokenizer (the stream carries no usage)")
+DEADLINE_S = 900  # no request may take longer in all (a trickling server holds a check no longer than this)
+
+
+@dataclass
+class Target:
+    """Where requests go, and how their tokens are counted when the stream does not say."""
+
+    base_url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    count_tokens: Callable[[str], int] | None = None  # the model's tokenizer, for streams without usage
+
+
+def target_of(where: Target | str) -> Target:
+    return where if isinstance(where, Target) else Target(where)
+
+
+class RequestRecord(BaseModel):
+    t_sent: float
+    t_first_event: float | None = None
+    t_first_token: float | None = None
+    t_last_token: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    counted_by: str = Field("usage", description="usage: the server's count; tokenizer: counted here")
+    finish_reason: str | None = None
+    text: str = ""
+    reasoning: str = ""
+    error: str | None = Field(None, description="why the request did not complete; None: it did")
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.t_first_token is None else self.t_first_token - self.t_sent
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """None when there is nothing to time: fewer than two tokens, or all arrived in one event."""
+        n = self.completion_tokens
+        if not n or n < 2 or self.t_first_token is None or self.t_last_token is None:
+            return None
+        span = self.t_last_token - self.t_first_token
+        return (n - 1) / span if span > 0 else None
+
+    @property
+    def prefill_tok_s(self) -> float | None:
+        ttft = self.ttft_s
+        return self.prompt_tokens / ttft if self.prompt_tokens and ttft else None
+
+
+def method_of(records: list[RequestRecord]) -> str:
+    """The method a figure over `records` was measured with: whose token count it divides by."""
+    return METHOD_TOKENIZER if any(r.counted_by == "tokenizer" for r in records) else METHOD
+
+
+class Figure(BaseModel):
+    """A measured quantity with everything needed to compare it: n, mean, std, raw values, shape, method."""
+
+    name: str
+    unit: str
+    n: int
+    mean: float
+    std: float = Field(description="sample standard deviation (n-1); 0 when n == 1")
+    raw: list[float]
+    shape: dict[str, Any]
+    method: str = METHOD
+    roofline: float | None = Field(None, description="decode ceiling of the profile, same unit; None: unknown")
+
+    @property
+    def roofline_share(self) -> float | None:
+        return self.mean / self.roofline if self.roofline else None
+
+    @classmethod
+    def of(cls, name: str, unit: str, values: list[float], shape: dict[str, Any],
+           roofline: float | None = None, method: str = METHOD) -> Figure:
+        if not values:
+            raise ValueError(f"no values to make {name} from")
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        return cls(name=name, unit=unit, n=len(values), mean=statistics.fmean(values), std=std,
+                   raw=values, shape=shape, roofline=roofline, method=method)
+
+    def __str__(self) -> str:
+        text = f"{self.name} {self.mean:.2f} +/- {self.std:.2f} {self.unit} (n={self.n}, sample std)"
+        if self.roofline_share is not None:
+            text += f", {self.roofline_share:.0%} of the {self.roofline:.1f} {self.unit} roofline"
+        return text
+
+
+def roofline_tok_s(bandwidth_gbs: float | None, active_params_b: float, bytes_per_param: float) -> float | None:
+    """Decode ceiling of a memory-bound model: every active weight is read once per token. Speculative
+    decoding can exceed it (several tokens per read); nothing else can."""
+    if not bandwidth_gbs:
+        return None
+    return bandwidth_gbs * 1e9 / (active_params_b * 1e9 * bytes_per_param)
+
+
+def local_copy_bandwidth_gbs(mib: int = 256, rounds: int = 5) -> float | None:
+    """This machine's memory bandwidth, measured: the best of `rounds` copies of a `mib` MiB array, bytes
+    read plus bytes written per second (STREAM's copy). None without numpy. For profiles that publish none
+    (the CPU profile is any machine), so a CPU box still shows decode against a ceiling."""
+    try:
+        import numpy as np
+    except ImportError:
+        return None
+    src = np.ones(mib * 2**20 // 8)
+    dst = np.empty_like(src)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(rounds))
+    return 2 * src.nbytes / best / 1e9
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def aggregate_tok_s(records: list[RequestRecord]) -> float:
+    """Tokens of all requests over the wall span from the first send to the last token: a capacity figure,
+    never a speed (it is N requests' tokens summed)."""
+    span = max(r.t_last_token or r.t_sent for r in records) - min(r.t_sent for r in records)
+    return sum(r.completion_tokens or 0 for r in records) / span if span > 0 else 0.0
+
+
+async def burst(where: Target | str, bodies: list[dict[str, Any]], deadline_s: float = DEADLINE_S
+                ) -> list[RequestRecord]:
+    """Send all bodies at once, each on its own connection, and time each."""
+    target = target_of(where)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=30), headers=target.headers,
+                                 limits=httpx.Limits(max_connections=len(bodies))) as client:
+        return list(await asyncio.gather(*(stream_chat(client, target, b, deadline_s) for b in bodies)))
+
+
+async def closed_loop(where: Target | str, make_body: Callable[[int], dict[str, Any]], streams: int,
+                      duration_s: float, deadline_s: float = DEADLINE_S) -> list[RequestRecord]:
+    """Keep `streams` requests in flight until `duration_s` has passed; each stream sends its next request
+    as soon as the last one ends. Bounded: no request starts after the deadline."""
+    target = target_of(where)
+    deadline = time.monotonic() + duration_s
+    records: list[RequestRecord] = []
+
+    async def stream(client: httpx.AsyncClient, k: int) -> None:
+        i = 0
+        while time.monotonic() < deadline:
+            records.append(await stream_chat(client, target, make_body(k + i * streams), deadline_s))
+            i += 1
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=30), headers=target.headers,
+                                 limits=httpx.Limits(max_connections=streams)) as client:
+        await asyncio.gather(*(stream(client, k) for k in range(streams)))
+    return records
+
+
+async def stream_chat(client: httpx.AsyncClient, where: Target | str, body: dict[str, Any],
+                      deadline_s: float = DEADLINE_S) -> RequestRecord:
+    """Send one streamed chat completion and time it. A request that fails (an HTTP error status, an error
+    event, a malformed stream, a dropped connection, the total deadline) comes back with `error` set: never
+    timed, never lost."""
+    target = target_of(where)
+    record = RequestRecord(t_sent=time.monotonic())
+    out = Assembled()
+    try:
+        await asyncio.wait_for(_stream_into(record, out, client, target, body), deadline_s)
+    except httpx.HTTPStatusError as exc:
+        record.error = f"HTTP {exc.response.status_code}: {exc.response.text[:300]}"
+    except (StreamError, SSEError) as exc:
+        record.error = f"a malformed stream: {exc}"
+    except TimeoutError:
+        record.error = f"no complete answer within {deadline_s:.0f} s (the total deadline per request)"
+    except httpx.HTTPError as exc:
+        record.error = f"{type(exc).__name__}: {exc} (after {len(out.events)} events)"
+    record.text, record.reasoning = out.content, out.reasoning
+    if record.error is None and out.error is not None:
+        record.error = f"error event in the stream: {str(out.error)[:300]}"
+    if record.error is None and record.completion_tokens is None:
+        try:
+            if target.count_tokens is None:
+                raise LookupError("no tokenizer is at hand to count its tokens")
+            record.completion_tokens = target.count_tokens(out.generated_text)
+            record.counted_by = "tokenizer"
+        except LookupError as exc:
+            record.error = f"the stream ended without a usage chunk, and {exc}"
+    return record
+
+
+async def _stream_into(record: RequestRecord, out: Assembled, client: httpx.AsyncClient, target: Target,
+                       body: dict[str, Any]) -> None:
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with aconnect_sse(client, "POST", f"{target.base_url}/v1/chat/completions", json=body) as source:
+        if source.response.status_code >= 400:
+            await source.response.aread()
+            source.response.raise_for_status()
+        async for event in source.aiter_sse():
+            now = time.monotonic()
+            if record.t_first_event is None:
+                record.t_first_event = now
+            if out.feed(event.data):
+                record.t_first_token = record.t_first_token or now
+                record.t_last_token = now
+            if out.usage:
+                record.prompt_tokens = out.usage.get("prompt_tokens")
+                record.completion_tokens = out.usage.get("completion_tokens")
+            record.finish_reason = out.finish_reason
+            if out.done or out.error is not None:
+                return

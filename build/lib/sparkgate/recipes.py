@@ -1,0 +1,242 @@
+"""Recipes (one serving configuration each) and hardware profiles, validated on load.
+
+A recipe or profile that does not validate raises RecipeError naming the file and the field, so an operator
+with a typo gets one line, not a traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .serveargs import ServeArgs
+from .shipped import PROFILES_DIR, RECIPES_DIR
+
+
+class RecipeError(Exception):
+    """A recipe or profile file that cannot be used, with the file and field named."""
+
+
+class _Strict(BaseModel):
+    # An unknown key is a typo until proven otherwise.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuSpec(_Strict):
+    name: str
+    compute_capability: str
+
+
+class Profile(_Strict):
+    """What a hardware class must show. Every number says where it comes from."""
+
+    name: str
+    description: str
+    arch: str | None = Field(None, description="uname -m; null matches any")
+    gpu: GpuSpec | None = Field(None, description="null: the class has no NVIDIA GPU")
+    min_driver: str | None = None
+    memory_gib: float | None = Field(None, description="usable (unified) memory of the class")
+    memory_bandwidth_gbs: float | None = Field(None, description="decode roofline; null: unknown")
+    memory_bandwidth_source: str = Field("", description="where the bandwidth figure is published")
+    os_reserve_gib: float = Field(description="kept free for the OS and other services at start")
+    os_reserve_basis: str = Field(description="why this much: the incidents or measurements it is derived from")
+
+    @model_validator(mode="after")
+    def _sourced(self) -> Profile:
+        if self.memory_bandwidth_gbs and not self.memory_bandwidth_source:
+            raise ValueError("`memory_bandwidth_gbs` needs `memory_bandwidth_source` (where it is published)")
+        return self
+
+
+class Model(_Strict):
+    id: str = Field(description="the checkpoint, as vLLM is given it")
+    served_name: str
+    source: str | None = Field(None, description="embedded:<name> for weights the suite prepares itself")
+    format: Literal["safetensors", "gguf"] = "safetensors"
+    quantization: str
+    total_params_b: float
+    active_params_b: float
+    bytes_per_param: float = Field(description="of the weights read per token, for the roofline")
+    bytes_per_param_basis: str = Field("", description="the quantization format's layout behind bytes_per_param")
+    kv_bytes_per_token: int | None = Field(None, description="KV cache bytes per token of context, as vLLM logged "
+                                           "it (GiB / tokens); null: not known yet")
+    native_context: int
+    disk_gib: float = Field(0, description="weights on disk, what the model cache must hold")
+    gdn_hybrid: bool = Field(False, description="Gated DeltaNet hybrid (affected by the cudagraph defect)")
+    yarn: bool = Field(False, description="the recipe extends the context past native_context with YaRN")
+
+
+class Memory(_Strict):
+    """What the recipe takes from the host's (unified) memory once serving."""
+
+    weights_gib: float = Field(description="resident, not on disk: resident runs well above du")
+    kv_cache_gib: float = Field(description="pinned with --kv-cache-memory, or what vLLM takes unpinned")
+    overhead_gib: float = Field(0.0, description="activations, graphs, runtime, and the margin every budget "
+                                "carries (sparkgate.rules.MARGIN)")
+    measured_resident_gib: float | None = Field(None, description="what the server was measured to hold, if it "
+                                                "was: the budget must cover it with the margin")
+    basis: str = Field(description="where the numbers come from")
+
+    @property
+    def budget_gib(self) -> float:
+        return self.weights_gib + self.kv_cache_gib + self.overhead_gib
+
+
+class Features(_Strict):
+    tools: bool = False
+    reasoning: bool = False
+    vision: bool = False
+    structured_output: bool = True
+    mtp: bool = False
+
+
+# The one rule every floor follows: a fixed share of the figure it derives from, by where that figure comes from.
+FLOOR_SHARE = {
+    # The guide's box is the same hardware class; its worst single run of a single-stream figure was 9.3% under
+    # its mean (natural 21.1 of 23.26), so 85% holds a healthy box and fails a real regression.
+    "guide": 0.85,
+    # The embedded default's figures come from a 2-core CI machine; other machines differ and share their cores,
+    # so its floors catch a gross slowdown only.
+    "measured-here": 0.35,
+}
+
+
+# The floors a recipe can declare, and the check that holds the server to each.
+FLOOR_CHECKS = {
+    "natural_decode": "PERF-NATURAL", "single_stream_decode": "PERF-CONCURRENT",
+    "concurrent_4_decode": "PERF-CONCURRENT", "concurrent_8_decode": "PERF-CONCURRENT",
+    "concurrent_16_decode": "PERF-CONCURRENT", "sustained_decode": "PERF-SUSTAINED",
+    "long_context_decode": "PERF-LONG-DECODE", "long_context_prefill": "PERF-LONG-PREFILL",
+    "usable_decode": "PERF-CAPACITY", "spec_acceptance": "PERF-SPEC-ACCEPT",
+}
+
+
+class Floor(_Strict):
+    """A per-request performance floor: a fixed share (FLOOR_SHARE) of a published or measured figure."""
+
+    figure: float = Field(description="the mean the floor derives from")
+    basis: Literal["guide", "measured-here"] = "guide"
+    unit: str = "tok/s"
+    measured: str = Field(description="the figure with its n, spread and shape, as published or measured")
+    source: str = Field(description="where: the guide's section and line, or the run that measured it")
+
+    @property
+    def min(self) -> float:
+        return round(self.figure * FLOOR_SHARE[self.basis], 1)
+
+    @property
+    def rule(self) -> str:
+        return f"{FLOOR_SHARE[self.basis]:.0%} of {self.figure:g} {self.unit} ({self.basis})"
+
+    def expected(self, what: str = "") -> str:
+        """The floor as a failure message's `expected`: the minimum, the rule, and where the figure comes from."""
+        return f">= {self.min:g} {self.unit}{what} ({self.rule}: {self.measured}; {self.source})"
+
+
+class Recipe(_Strict):
+    name: str
+    description: str
+    profile: str
+    model: Model
+    launcher: Literal["docker", "process"]
+    image: str | None = None
+    container_name: str | None = None
+    restart: Literal["no", "on-failure", "unless-stopped", "always"] = "unless-stopped"
+    env: dict[str, str] = {}
+    serve_args: list[str] = Field(description="exactly what follows `vllm serve MODEL`")
+    # How the docker launcher runs the container (docker recipes only).
+    entrypoint: list[str] | None = Field(None, description="null: the image's own (`vllm serve` upstream)")
+    volumes: list[str] = Field([], description="host_path:container_path[:ro], as docker run -v")
+    network: str = Field("host", description="docker network mode")
+    ipc: str | None = Field("host", description="docker ipc mode; null: docker's default")
+    ports: dict[int, int] = Field({}, description="container port -> host port (not with network host)")
+    gpus: Literal["all", "none"] = Field("all", description="GPU request, as docker run --gpus")
+    hf_cache: bool = Field(False, description="mount the host's Hugging Face cache (HF_HOME, else "
+                           "~/.cache/huggingface of the ssh user) at /root/.cache/huggingface: weights are "
+                           "downloaded once and kept, not again in every container")
+    mods: list[str] = Field([], description="host folders of container mods (eugr/spark-vllm-docker: a folder with "
+                            "a run.sh), applied in the container before `vllm serve`; ~ is the ssh user's home")
+    port: int = 8000
+    memory: Memory
+    features: Features = Features()
+    floors: dict[str, Floor] = {}
+    source_file: Path | None = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _launcher_fields(self) -> Recipe:
+        if self.launcher == "docker" and not (self.image and self.container_name):
+            raise ValueError("a docker recipe needs both `image` and `container_name`")
+        if (port := self.args.value("--port")) is not None and port != str(self.port):
+            raise ValueError(f"`port` is {self.port} but serve_args say --port {port}")
+        if unknown := [f for f in self.floors if f not in FLOOR_CHECKS]:
+            raise ValueError(f"unknown floor {', '.join(unknown)} (known: {', '.join(FLOOR_CHECKS)})")
+        if self.mods and self.launcher != "docker":
+            raise ValueError("`mods` are applied in a container: only a docker recipe has them")
+        return self
+
+    @property
+    def args(self) -> ServeArgs:
+        """The serve arguments (with the recipe's env), read by the one serve-argument reader."""
+        return ServeArgs(self.serve_args, self.env)
+
+    def arg(self, flag: str) -> str | None:
+        """The value of a serve flag (`--x v` or `--x=v`), '' for a bare switch, None when absent."""
+        return self.args.value(flag)
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.args.max_num_seqs or 256
+
+    @property
+    def max_model_len(self) -> int:
+        return self.args.max_model_len or self.model.native_context
+
+    @property
+    def digest(self) -> str:
+        """A hash of what the recipe starts, so results from two boxes can be matched."""
+        blob = json.dumps(self.model_dump(mode="json", exclude={"description"}), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _load(path: Path, model: type[BaseModel]) -> BaseModel:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: expected a mapping of fields, found {type(data).__name__}")
+    try:
+        obj = model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"field `{'.'.join(str(p) for p in e['loc'])}`: {e['msg']}" if e["loc"] else e["msg"]
+            for e in exc.errors()
+        )
+        raise RecipeError(f"{path}: {problems}") from None
+    if obj.name != path.stem:
+        raise RecipeError(f"{path}: field `name` is {obj.name!r} but the file is named {path.stem!r}")
+    return obj
+
+
+def load_profiles(directory: Path = PROFILES_DIR) -> dict[str, Profile]:
+    return {p.stem: _load(p, Profile) for p in sorted(directory.glob("*.yaml"))}
+
+
+def load_recipes(
+    directory: Path = RECIPES_DIR, profiles: dict[str, Profile] | None = None
+) -> dict[str, Recipe]:
+    profiles = load_profiles() if profiles is None else profiles
+    recipes: dict[str, Recipe] = {}
+    for path in sorted(directory.glob("*.yaml")):
+        recipe = _load(path, Recipe).model_copy(update={"source_file": path})
+        if recipe.profile not in profiles:
+            raise RecipeError(
+                f"{path}: field `profile`: {recipe.profile!r} is not a known profile ({', '.join(profiles)})"
+            )
+        recipes[recipe.name] = recipe
+    return recipes

@@ -1,0 +1,98 @@
+"""One formatter between the suite and everything it writes: no secret leaves the box.
+
+Every message, progress line, report section, results file and `sparkgate recipes show` goes through `mask()`.
+It hides:
+- the values of environment variables whose names look like secrets (`HF_TOKEN=...`, `"OPENAI_API_KEY": "..."`),
+  judged by the parts of the name (TOKEN, KEY, SECRET, PASSWORD, ...; TOKENIZERS_PARALLELISM is not one);
+- the value after a secret flag (`--api-key`, `--hf-token`, ...), `Authorization:`/`Bearer` values and
+  well-known token shapes (`hf_...`, `sk-...`, `nvapi-...`);
+- every secret value registered with `secret()` wherever it appears (a recipe's, a container's, --api-key's).
+
+`--redact` adds stable placeholders for what identifies a box or a person (hostname, ssh target, user, home
+paths, PCI ids) in the report and the results file, so they can be shared.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+from .serveargs import SECRET_FLAGS
+
+HIDDEN = "***"
+_SECRET_PARTS = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PASSPHRASE", "KEY", "APIKEY", "CREDENTIAL",
+                 "CREDENTIALS", "AUTH", "PAT", "COOKIE", "SESSION"}
+_VALUE = r"""("[^"]*"|'[^']*'|[^\s'",;\]\)}]+)"""
+_ASSIGN = re.compile(rf"\b([A-Za-z_][A-Za-z0-9_]*)=({_VALUE[1:-1]})")
+_QUOTED_PAIR = re.compile(r"""(["'])([A-Za-z_][A-Za-z0-9_]*)\1(\s*:\s*)(["'])(.*?)\4""")
+_FLAG = re.compile(rf"({'|'.join(map(re.escape, SECRET_FLAGS))})(=|\s+|['\"]\s*,\s*['\"])({_VALUE[1:-1]})")
+_AUTH = re.compile(r"(?i)\b(authorization\s*[:=]\s*(?:bearer\s+|basic\s+)?|bearer\s+)([^\s'\",;]+)")
+_SHAPES = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|nvapi-[A-Za-z0-9_-]{20,}"
+                     r"|gh[pousr]_[A-Za-z0-9]{30,})")
+
+
+def secret_name(name: str) -> bool:
+    """An environment variable whose value is a secret, by the parts of its name."""
+    parts = set(re.split(r"[_\W]+", name.upper()))
+    return bool(parts & _SECRET_PARTS) or name.upper().endswith(("APIKEY", "TOKEN", "SECRET", "PASSWORD"))
+
+
+class Masker:
+    """The formatter. One per process (`MASKER`); secrets are registered as they are found."""
+
+    def __init__(self) -> None:
+        self.secrets: set[str] = set()
+        self.placeholders: dict[str, str] = {}  # --redact: value -> placeholder
+
+    def secret(self, value: str | None) -> None:
+        if value and len(value) >= 4 and value != HIDDEN:
+            self.secrets.add(value)
+
+    def secrets_of(self, env: Mapping[str, str] | None = None, argv: Iterable[str] = ()) -> None:
+        """Register the secret values of an environment and of a command line."""
+        for k, v in (env or {}).items():
+            if secret_name(k):
+                self.secret(v)
+        args = list(argv)
+        for i, a in enumerate(args):
+            for flag in SECRET_FLAGS:
+                if a == flag and i + 1 < len(args):
+                    self.secret(args[i + 1])
+                elif a.startswith(flag + "="):
+                    self.secret(a.split("=", 1)[1])
+
+    def redact(self, value: str | None, placeholder: str) -> None:
+        """--redact: show `placeholder` wherever `value` appears."""
+        if value and len(value) >= 3 and value not in self.placeholders:
+            self.placeholders[value] = placeholder
+
+    def __call__(self, text: str) -> str:
+        if not text:
+            return text
+        for value in sorted(self.secrets, key=len, reverse=True):
+            text = text.replace(value, HIDDEN)
+        text = _ASSIGN.sub(lambda m: f"{m[1]}={HIDDEN}" if secret_name(m[1]) else m[0], text)
+        text = _QUOTED_PAIR.sub(lambda m: f"{m[1]}{m[2]}{m[1]}{m[3]}{m[4]}{HIDDEN}{m[4]}" if secret_name(m[2])
+                                else m[0], text)
+        text = _FLAG.sub(lambda m: f"{m[1]}{m[2]}{HIDDEN}", text)
+        text = _AUTH.sub(lambda m: f"{m[1]}{HIDDEN}", text)
+        text = _SHAPES.sub(HIDDEN, text)
+        for value, placeholder in sorted(self.placeholders.items(), key=lambda kv: len(kv[0]), reverse=True):
+            text = text.replace(value, placeholder)
+        return text
+
+
+MASKER = Masker()
+
+
+def mask(text: str) -> str:
+    """`text` as it may be shown or stored: secrets hidden (and, under --redact, identities replaced)."""
+    return MASKER(text)
+
+
+def secret(value: str | None) -> None:
+    MASKER.secret(value)
+
+
+def secrets_of(env: Mapping[str, str] | None = None, argv: Iterable[str] = ()) -> None:
+    MASKER.secrets_of(env, argv)

@@ -1,0 +1,269 @@
+"""The output sanity detector: is this answer garbage?
+
+One detector, used on every answer the serving layer receives. It looks for what broken serving produces
+and a working model does not: NUL and other control bytes, undecodable bytes (U+FFFD), letters of a script
+foreign to the prompt (CJK, Hebrew, Arabic, Cyrillic, ...), leaked special tokens (`<tool_call>`,
+`<|im_start|>`, `</s>`, ...) and degenerate repetition.
+
+It deliberately does not count words or judge length: the guide records a "fewer than 3 English words"
+heuristic that flagged legitimately terse replies ("Got it.", "Test received.") and made a clean run look
+broken. A one-word answer is not garbage.
+
+Pure functions only: no requests, no verdicts. Callers decide what a finding means for their check.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Why garbage matters and what to do, for checks that quote findings (the guide's cudagraph section).
+WHY = ("a model that answers in token salad is broken for every client, and agents act on it silently; "
+       "the guide's Qwen3.8-27B answered 'degenerate multilingual token salad' for one request shape after "
+       "two days warm (vLLM #53051: a prefill misrouted into the FULL CUDA graph on a Gated DeltaNet hybrid)")
+FIX = ("on a GDN hybrid with MTP (Qwen3.x NVFP4 on GB10) serve with --compilation-config "
+       "'{\"cudagraph_mode\": \"PIECEWISE\"}' and replay the stored repro bodies (tests/data/repro, "
+       "--repro-dir) after every image bump or flag change; otherwise compare the image, weights and serve "
+       "args with the last clean run and read the server log for the request")
+
+# Scripts that never belong in an answer to a prompt written without them. Ranges, not unicodedata
+# names, so the result does not depend on the Python build's Unicode version for the common blocks.
+# Greek is left out on purpose: English answers use π, α, Σ in maths.
+SCRIPTS: dict[str, tuple[tuple[int, int], ...]] = {
+    "CJK": (
+        (0x2E80, 0x2FDF),    # radicals
+        (0x3000, 0x303F),    # CJK symbols and punctuation: 。、「」
+        (0x3100, 0x312F),    # bopomofo
+        (0x31A0, 0x31FF),
+        (0x3200, 0x33FF),    # enclosed CJK, compatibility
+        (0x3400, 0x4DBF),    # extension A
+        (0x4E00, 0x9FFF),    # unified ideographs
+        (0xF900, 0xFAFF),    # compatibility ideographs
+        (0xFE30, 0xFE4F),    # compatibility forms
+        (0xFF00, 0xFFEF),    # halfwidth and fullwidth forms: ，！？
+        (0x20000, 0x3134F),  # extensions B-G
+    ),
+    "Japanese kana": ((0x3040, 0x309F), (0x30A0, 0x30FF), (0x31F0, 0x31FF)),
+    "Hangul": ((0x1100, 0x11FF), (0x3130, 0x318F), (0xA960, 0xA97F), (0xAC00, 0xD7AF), (0xD7B0, 0xD7FF)),
+    "Hebrew": ((0x0590, 0x05FF), (0xFB1D, 0xFB4F)),
+    "Arabic": ((0x0600, 0x06FF), (0x0750, 0x077F), (0x0870, 0x08FF), (0xFB50, 0xFDFF), (0xFE70, 0xFEFF)),
+    "Cyrillic": ((0x0400, 0x052F), (0x1C80, 0x1C8F), (0x2DE0, 0x2DFF), (0xA640, 0xA69F)),
+    "Armenian": ((0x0530, 0x058F),),
+    "Georgian": ((0x10A0, 0x10FF), (0x2D00, 0x2D2F)),
+    "Devanagari and other Indic": ((0x0900, 0x0DFF),),
+    "Thai and Lao": ((0x0E00, 0x0EFF),),
+    "Tibetan": ((0x0F00, 0x0FFF),),
+    "Myanmar": ((0x1000, 0x109F),),
+    "Ethiopic": ((0x1200, 0x139F),),
+    "Khmer": ((0x1780, 0x17FF),),
+    "Mongolian": ((0x1800, 0x18AF),),
+    "Syriac and Thaana": ((0x0700, 0x07BF),),
+}
+
+# Tokens a chat template or tool parser should have consumed; in the answer's text they mean the
+# server's parsing or the model's state is broken. Matched literally (case-sensitive).
+SPECIAL_TOKENS: tuple[str, ...] = (
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<function=", "</function>",
+    "</s>", "<unk>", "<pad>", "[INST]", "[/INST]", "[TOOL_CALLS]", "<think>", "</think>",
+    "<start_of_turn>", "<end_of_turn>",
+)
+# Every `<|name|>` token (<|im_start|>, <|endoftext|>, <|eot_id|>, <|start_header_id|>, ...).
+_PIPE_TOKEN = re.compile(r"<\|[A-Za-z0-9_.:-]{1,40}\|>")
+
+# Degenerate repetition: one unit repeated back to back. A unit must contain a letter or digit, so
+# markdown rules ("-----", "| --- |") and ellipses are not loops.
+REPEAT_MIN_COPIES = 4
+REPEAT_MIN_SPAN = 48      # characters covered by the loop
+REPEAT_MAX_UNIT = 120     # longest unit looked for, in characters
+# The same non-trivial line again and again, not necessarily back to back.
+LINE_MIN_CHARS = 12
+LINE_MAX_COPIES = 4
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One sign of garbage: its kind, where it starts (character offset) and a one-line description."""
+
+    kind: str  # nul | control | undecodable | script | special-token | tool-call-leak | repetition
+    offset: int
+    what: str
+
+    def __str__(self) -> str:
+        return self.what
+
+
+def excerpt(text: str, offset: int, width: int = 24) -> str:
+    """`text` around `offset`, quoted with escapes, so a finding shows where it is."""
+    start, end = max(0, offset - width), min(len(text), offset + width)
+    return ("…" if start else "") + repr(text[start:end])[1:-1] + ("…" if end < len(text) else "")
+
+
+def script_of(ch: str) -> str | None:
+    """The foreign-script family of one character, or None for Latin, Greek, digits, symbols."""
+    cp = ord(ch)
+    if cp < 0x0370:
+        return None
+    for name, ranges in SCRIPTS.items():
+        for lo, hi in ranges:
+            if lo <= cp <= hi:
+                return name
+    return None
+
+
+def scripts_in(text: str) -> set[str]:
+    """The foreign-script families present in `text` (used to allow what the prompt itself contains)."""
+    return {s for ch in text if (s := script_of(ch))}
+
+
+def _control_findings(text: str) -> list[Finding]:
+    found: list[Finding] = []
+    nul = [i for i, ch in enumerate(text) if ch == "\x00"]
+    if nul:
+        found.append(Finding("nul", nul[0], f"{len(nul)} NUL byte(s) (\\x00), first at char {nul[0]}: "
+                                            f"{excerpt(text, nul[0])}"))
+    ctrl = [i for i, ch in enumerate(text)
+            if ch not in "\x00\t\n\r" and unicodedata.category(ch) == "Cc"]
+    if ctrl:
+        found.append(Finding("control", ctrl[0], f"{len(ctrl)} control character(s) "
+                                                 f"(first {text[ctrl[0]]!r} at char {ctrl[0]}): "
+                                                 f"{excerpt(text, ctrl[0])}"))
+    bad = [i for i, ch in enumerate(text) if ch == "\ufffd"]
+    if bad:
+        found.append(Finding("undecodable", bad[0],
+                             f"{len(bad)} undecodable byte sequence(s) (U+FFFD, a token cut mid-character), "
+                             f"first at char {bad[0]}: {excerpt(text, bad[0])}"))
+    return found
+
+
+def _script_findings(text: str, allowed: Collection[str]) -> list[Finding]:
+    by_script: dict[str, list[int]] = {}
+    for i, ch in enumerate(text):
+        s = script_of(ch)
+        if s and s not in allowed:
+            by_script.setdefault(s, []).append(i)
+    found = []
+    for s, where in by_script.items():
+        chars = "".join(dict.fromkeys(text[i] for i in where))[:6]
+        found.append(Finding("script", where[0],
+                             f"{len(where)} {s} character(s) ({chars!r}) in an answer to a prompt written "
+                             f"without them, first at char {where[0]}: {excerpt(text, where[0])}"))
+    return found
+
+
+def _token_findings(text: str, allow: Collection[str]) -> list[Finding]:
+    hits: dict[str, list[int]] = {}
+    for tok in SPECIAL_TOKENS:
+        if tok not in allow:
+            for m in re.finditer(re.escape(tok), text):
+                hits.setdefault(tok, []).append(m.start())
+    for m in _PIPE_TOKEN.finditer(text):
+        if m.group() not in allow:
+            hits.setdefault(m.group(), []).append(m.start())
+    return [Finding("special-token", where[0],
+                    f"leaked special token {tok} ({len(where)}x), first at char {where[0]}: "
+                    f"{excerpt(text, where[0])}")
+            for tok, where in sorted(hits.items(), key=lambda kv: kv[1][0])]
+
+
+def _repetition_findings(text: str) -> list[Finding]:
+    found: list[Finding] = []
+    covered: list[tuple[int, int]] = []
+    for unit_len in range(1, min(REPEAT_MAX_UNIT, len(text) // REPEAT_MIN_COPIES) + 1):
+        copies = max(REPEAT_MIN_COPIES - 1, -(-REPEAT_MIN_SPAN // unit_len) - 1)
+        pattern = re.compile(rf"(.{{{unit_len}}})\1{{{copies},}}", re.DOTALL)
+        for m in pattern.finditer(text):
+            unit = m.group(1)
+            if not any(ch.isalnum() for ch in unit):
+                continue
+            start, end = m.span()
+            if any(s <= start < e or s < end <= e for s, e in covered):
+                continue  # the same loop, seen with a shorter period
+            covered.append((start, end))
+            found.append(Finding("repetition", start,
+                                 f"degenerate repetition: {unit!r} repeated {len(m.group()) // unit_len}x "
+                                 f"back to back from char {start} ({end - start} chars)"))
+    lines = [ln.strip() for ln in text.splitlines()]
+    counts = Counter(ln for ln in lines if len(ln) >= LINE_MIN_CHARS and any(c.isalpha() for c in ln))
+    for line, n in counts.items():
+        if n > LINE_MAX_COPIES and not any(line in f.what for f in found):
+            found.append(Finding("repetition", text.find(line),
+                                 f"degenerate repetition: the line {line[:60]!r} appears {n}x"))
+    return found
+
+
+def scan(text: str, prompt: str = "", allow_tokens: Collection[str] = ()) -> list[Finding]:
+    """Every sign of garbage in `text`, in order of position. Scripts that occur in `prompt` are allowed
+    (a question in Chinese may be answered in Chinese); `allow_tokens` lists special tokens the caller
+    expects in the text. An empty list means clean: terse answers ("Paris", "391", "Got it.") are."""
+    allowed = scripts_in(prompt)
+    findings = (_control_findings(text) + _script_findings(text, allowed) + _token_findings(text, allow_tokens)
+                + _repetition_findings(text))
+    return sorted(findings, key=lambda f: f.offset)
+
+
+def prompt_text(body: Mapping[str, Any]) -> str:
+    """What the people behind a chat request wrote (system and user turns), to know which scripts an answer
+    may use. Tool definitions and tool results are left out: a file an agent read may hold any script, and
+    allowing it would blind the detector in exactly the agent replays that reproduce garbage."""
+    parts: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            parts.append(value)
+        elif isinstance(value, Mapping):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list | tuple):
+            for v in value:
+                walk(v)
+
+    for message in body.get("messages") or []:
+        if isinstance(message, Mapping) and message.get("role") in ("system", "developer", "user"):
+            walk(message.get("content"))
+    walk(body.get("prompt", ""))
+    return "\n".join(parts)
+
+
+REASONING_FIELDS = ("reasoning", "reasoning_content")  # this vLLM's name, then older builds
+
+
+def reasoning_of(message: Mapping[str, Any]) -> tuple[str | None, str]:
+    """Which field carries a message's thinking, and the thinking ("" and None when there is none)."""
+    for key in REASONING_FIELDS:
+        if message.get(key):
+            return key, message[key]
+    return None, ""
+
+
+def scan_message(message: Mapping[str, Any], prompt: str = "") -> list[Finding]:
+    """Findings for one chat answer (a `message` or an assembled stream): its content and reasoning, and
+    the guide's fingerprint, a literal <tool_call> in content while tool_calls stays empty."""
+    content = message.get("content") or ""
+    _, reasoning = reasoning_of(message)
+    findings = scan(content, prompt)
+    if "<tool_call>" in content and not message.get("tool_calls"):
+        at = content.index("<tool_call>")
+        # Reported once, as the fingerprint, not again as a plain leaked token.
+        findings = [f for f in findings if not (f.kind == "special-token" and "<tool_call>" in f.what)]
+        findings.insert(0, Finding(
+            "tool-call-leak", at,
+            f"the guide's garbage fingerprint: a literal <tool_call> in content (char {at}) while tool_calls[] "
+            f"is empty: {excerpt(content, at)}"))
+    for f in scan(reasoning, prompt):
+        findings.append(Finding(f.kind, f.offset, f"in the reasoning field: {f.what}"))
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        for f in scan(f"{fn.get('name') or ''} {fn.get('arguments') or ''}", prompt):
+            findings.append(Finding(f.kind, f.offset, f"in tool call {fn.get('name')!r}: {f.what}"))
+    return findings
+
+
+def summary(findings: Iterable[Finding], limit: int = 4) -> str:
+    """The findings as one quotable string: the first `limit`, then how many more."""
+    items = list(findings)
+    text = "; ".join(f.what for f in items[:limit])
+    return text + (f"; and {len(items) - limit} more" if len(items) > limit else "")

@@ -1,0 +1,47 @@
+"""The image the container runs: the recipe's, recorded by digest, built for this hardware."""
+
+import pytest
+
+from sparkgate.launch.container_spec import DOCKER_ARCH
+
+
+@pytest.mark.check(
+    "CONT-IMAGE",
+    why="results from two boxes compare only when both ran the same build; a tag such as nightly moves, so "
+        "the image is recorded by id and digest, and a container still running an older build of the tag "
+        "is not the image the recipe names",
+    fix="run the recipe's image (docker rm -f NAME, then start the recipe again); after `docker pull` or a "
+        "rebuild, recreate the container so it runs what the tag names now",
+)
+def test_the_container_runs_the_recipes_image(check, live, recipe, record_property):
+    """The container MUST run the recipe's image reference, at the build that reference names now."""
+    ref = (live.attrs.get("Config") or {}).get("Image")
+    image_id = live.attrs.get("Image", "")
+    digests = ", ".join(live.image.get("RepoDigests") or []) or "none (built or imported locally)"
+    live.server.facts.update(image=str(ref), image_id=image_id, image_digest=digests)
+    record_property("image", f"{ref} {image_id} {digests}")
+    current = live.tag_image_id
+    check.that(ref == recipe.image and current == image_id,
+               expected=f"{recipe.image}" + (f" at {current}" if current else " (present on the engine)"),
+               found=f"{ref} at {image_id} (digests: {digests})"
+                     + ("" if current in (None, image_id) else f"; the tag now names {current}")
+                     + ("; the recipe's image is not on the engine" if current is None else ""))
+
+
+@pytest.mark.check(
+    "CONT-ARCH",
+    why="an image for another architecture either fails to start (exec format error) or runs under "
+        "emulation at a fraction of the speed; GB10 is aarch64 and upstream images lacked sm_121 builds",
+    fix="use the image's arm64 build (on a Spark: vllm/vllm-openai:nightly-aarch64, or build vllm-node with "
+        "eugr/spark-vllm-docker on the box itself)",
+)
+def test_the_image_is_built_for_this_hardware(check, live, recipe, host_facts, sparkgate_state):
+    """The image's architecture MUST be the hardware profile's (arm64 on gb10), or the host's if it names none."""
+    profile = sparkgate_state.profiles[recipe.profile]
+    arch = profile.arch or host_facts.arch
+    if not arch:
+        check.cannot_run("neither the profile nor the host names an architecture")
+    want = DOCKER_ARCH.get(arch, arch)
+    have = live.image.get("Architecture")
+    check.that(have == want, expected=f"{want} ({'profile ' + profile.name if profile.arch else 'the host'}: {arch})",
+               found=f"{have} ({live.image.get('Os')}/{have}, image {(live.attrs.get('Config') or {}).get('Image')})")

@@ -1,0 +1,70 @@
+"""What the server said about itself while it started (its log), and what it holds now (its cgroup)."""
+
+import pytest
+
+from sparkgate.units import GIB
+
+
+@pytest.mark.check(
+    "CONT-LOG-FACTS",
+    why="the vLLM version, the KV cache vLLM actually sized (GiB and tokens, hence bytes per token) and the "
+        "concurrency it allows are what make two boxes' results comparable, and what the memory budget is "
+        "checked against; a log that does not state them hides a failed or unfinished start",
+    fix="read the container's log (docker logs NAME): a start that stopped before sizing the KV cache shows why",
+)
+def test_the_startup_log_states_the_servers_facts(check, live, record_property):
+    """The server's startup log MUST state its vLLM version and the KV cache it sized (GiB and tokens)."""
+    f = live.facts
+    summary = f.summary()
+    live.server.facts.update({f"startup_{k}": v for k, v in summary.items()})
+    for key in ("version", "kv_cache_gib", "kv_tokens", "kv_bytes_per_token", "max_concurrency", "graph_mode"):
+        if key in summary:
+            record_property(key, summary[key])
+    missing = [k for k in ("version", "kv_cache_gib", "kv_tokens") if getattr(f, k) is None]
+    check.that(not missing, expected="version, KV cache GiB and tokens in the log",
+               found=(f"missing {', '.join(missing)}; " if missing else "")
+               + ", ".join(f"{k} {v}" for k, v in summary.items()))
+
+
+@pytest.mark.check(
+    "CONT-KV-SIZE",
+    why="the KV cache is the recipe's memory budget's largest free term; a cache other than the pinned size "
+        "(a pin ignored, a different engine build) changes both what fits and what the speed numbers mean",
+    fix="pin the KV cache with --kv-cache-memory (CPU: VLLM_CPU_KVCACHE_SPACE) at the recipe's kv_cache_gib, "
+        "or correct memory.kv_cache_gib in the recipe to what the box needs",
+)
+def test_the_kv_cache_in_use_is_the_pinned_size(check, live, recipe, sparkgate_state):
+    """The KV cache vLLM sized MUST be the pinned size (unpinned: at most the recipe's KV budget)."""
+    f = live.facts
+    if f.kv_cache_gib is None:
+        check.cannot_run("the container's log does not state the KV cache size (see CONT-LOG-FACTS)")
+    gpu = sparkgate_state.profiles[recipe.profile].gpu is not None
+    pin = live.args(recipe).kv_pin_bytes(cpu_engine=not gpu)
+    found = (f"{f.kv_cache_gib:g} GiB ({f.kv_cache_basis}), {f.kv_tokens or '?'} tokens"
+             + (f", {f.bytes_per_token:.0f} bytes per token" if f.bytes_per_token else ""))
+    if pin is not None:
+        want = pin / GIB
+        ok = abs(f.kv_cache_gib - want) <= max(0.02 * want, 0.01)  # vLLM prints GiB rounded to 2 places
+        check.that(ok and f.kv_cache_basis == "pinned", expected=f"{want:g} GiB, pinned", found=found)
+    else:
+        budget = recipe.memory.kv_cache_gib
+        check.that(f.kv_cache_gib <= budget * 1.02, expected=f"<= {budget:g} GiB (the recipe's KV budget; "
+                   "nothing pins it)", found=found)
+
+
+@pytest.mark.check(
+    "CONT-RESIDENT",
+    why="the recipe's memory budget (weights + KV + overhead) is what the pre-flight arithmetic let start; "
+        "a server resident above it eats the OS reserve, and on unified memory that livelocked a Spark",
+    fix="measure what the server holds (docker stats NAME) and correct memory.* in the recipe, or pin a "
+        "smaller KV cache",
+)
+def test_resident_memory_stays_inside_the_budget(check, live, recipe):
+    """The container's resident memory MUST stay inside the recipe's memory budget."""
+    used = live.memory_bytes
+    if used is None:
+        check.cannot_run("the engine reports no memory figures for the container (docker stats)")
+    budget = recipe.memory.budget_gib
+    check.that(used / GIB <= budget, expected=f"<= {budget:.2f} GiB (weights {recipe.memory.weights_gib:g} + KV "
+               f"{recipe.memory.kv_cache_gib:g} + overhead {recipe.memory.overhead_gib:g})",
+               found=f"{used / GIB:.2f} GiB resident (cgroup usage less inactive page cache)")

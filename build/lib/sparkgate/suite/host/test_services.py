@@ -1,0 +1,64 @@
+"""What else the box runs and has: other model servers, the docker engine, disk for the weights."""
+
+import pytest
+
+from sparkgate.units import GIB
+
+
+@pytest.mark.check(
+    "HOST-NO-COMPETITOR",
+    why="on unified memory every other model server's weights and KV cache come out of the same pool: "
+        "vLLM refuses to start ('Free memory on device ... is less than desired') or starves the box",
+    fix="stop them first (`nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv`, "
+        "`systemctl list-units --type=service --state=running | grep -iE 'llama|ollama|vllm'`); stop a "
+        "container with `docker rm -f`, a service with `systemctl stop`, a process by its pid",
+)
+def test_no_other_model_server_holds_memory(check, host_facts, pytestconfig, selected_recipes):
+    """No other model server MUST be running or holding GPU memory before a recipe starts (the container a
+    selected docker recipe replaces is not another: the launcher sets it aside, and counts its memory as free)."""
+    if pytestconfig.option.sg_base_url:
+        check.cannot_run("--base-url names a server that is meant to be running")
+    replaced = {c.id: c.name for r in selected_recipes if (c := host_facts.container(r.container_name))}
+    ours = {pid for pid, cid in host_facts.container_of.items() if cid in replaced}
+    found = [f"pid {a.pid} {a.name} holds {a.used_mib} MiB" for a in host_facts.compute_apps if a.pid not in ours]
+    found += [f"pid {p}" for p in host_facts.model_processes
+              if int(p.split()[0]) not in ours and not any(f"pid {p.split()[0]} " in f for f in found)]
+    check.that(not found, expected="no model server running" + (
+        f" (besides {', '.join(sorted(set(replaced.values())))}, which a recipe replaces)" if ours else ""),
+               found="; ".join(found))
+
+
+@pytest.mark.check(
+    "HOST-DOCKER",
+    why="the docker recipes start their server on this host's docker engine",
+    fix="start the engine (`sudo systemctl start docker`) and add the ssh user to the docker group "
+        "(`sudo usermod -aG docker $USER`, then log in again)",
+)
+def test_the_docker_engine_answers_for_docker_recipes(check, host_facts, selected_recipes):
+    """When a docker recipe is selected, the docker engine MUST answer the ssh user."""
+    docker = [r.name for r in selected_recipes if r.launcher == "docker"]
+    if not docker:
+        check.cannot_run("no docker recipe is selected", "--recipe qwen38-27b-nvfp4")
+    allowed = host_facts.user == "root" or "docker" in host_facts.groups
+    check.that(host_facts.docker is not None and allowed,
+               expected=f"docker engine reachable by {host_facts.user} (for {', '.join(docker)})",
+               found=f"engine {host_facts.docker or 'unreachable: ' + str(host_facts.docker_error)}; "
+                     f"user {host_facts.user} in groups {' '.join(host_facts.groups)}")
+
+
+@pytest.mark.check(
+    "HOST-DISK-FREE",
+    why="weights are read from (and first downloaded into) the model cache; a full disk fails the load "
+        "half-way",
+    fix="free space on that filesystem, or point HF_HOME at one with room",
+)
+def test_the_model_cache_has_room_for_the_weights(check, host_facts, selected_recipes):
+    """The model cache's filesystem MUST have room for the largest selected recipe's weights."""
+    if not selected_recipes:
+        check.cannot_run("no recipe selected for this host", "--recipe NAME")
+    if host_facts.disk_free_bytes is None:
+        check.cannot_run("free space of the model cache could not be read (df)")
+    largest = max(selected_recipes, key=lambda r: r.model.disk_gib)
+    free = host_facts.disk_free_bytes / GIB
+    check.that(free >= largest.model.disk_gib, expected=f">= {largest.model.disk_gib:g} GiB ({largest.name})",
+               found=f"{free:.1f} GiB free on {host_facts.disk_path}")

@@ -1,0 +1,53 @@
+"""Where per-person speed stops being usable: concurrency doubled until per-request decode falls below it.
+
+The guide's open question: more users always add aggregate throughput (up to memory bandwidth), but each
+user's speed falls; the useful number is the concurrency at which it stops being pleasant, not where it errors.
+"""
+
+import asyncio
+
+import pytest
+
+from sparkgate.measure import Figure, aggregate_tok_s, burst
+from sparkgate.workloads import CODE, PROSE, chat
+
+pytestmark = pytest.mark.extended
+MAX_TOKENS = 250
+
+
+@pytest.mark.check(
+    "PERF-CAPACITY",
+    why="capacity planning needs the number of users each still served at a usable speed; aggregate "
+        "throughput keeps rising long after each user's speed has become unpleasant",
+    fix="if even one user is below the usable speed, read PERF-NATURAL's message; otherwise plan for at most "
+        "the reported number of concurrent users (or raise --max-num-seqs and re-run to look further)",
+)
+def test_capacity_sweep_reports_the_largest_usable_concurrency(check, target, recipe, roofline, record, request,
+                                                               completed):
+    """Doubling concurrency from 1, per-request decode MUST be usable at 1; the largest usable level is reported."""
+    usable = request.config.getoption("sg_usable_tok_s")
+    floor = recipe.floors.get("usable_decode")
+    usable = floor.min if floor else usable
+    prompts = PROSE + CODE
+    asyncio.run(burst(target, [chat(recipe, prompts[0], 16)]))  # warm-up, discarded
+    # Requests past --max-num-seqs queue, which users feel too (TTFT); one doubling past it shows that.
+    limit, level, best, rows = 2 * recipe.max_num_seqs, 1, None, []
+    while level <= limit:
+        shape = {"prompt": "short prose and code", "max_tokens": MAX_TOKENS, "ignore_eos": False,
+                 "thinking": "off", "temperature": 0.2, "concurrency": level}
+        records = completed(asyncio.run(burst(target, [chat(recipe, prompts[i % 4], MAX_TOKENS, 0.2)
+                                                                for i in range(level)])),
+                            f"request at {level} concurrent")
+        figure = record(Figure.of(f"capacity sweep: decode per request at {level} concurrent", "tok/s",
+                                  [r.decode_tok_s for r in records], shape, roofline))
+        ttft = max(r.ttft_s or 0 for r in records)
+        rows.append(f"{level}: {figure.mean:.1f} tok/s per request, {aggregate_tok_s(records):.1f} aggregate, "
+                    f"worst TTFT {ttft:.2f} s")
+        if figure.mean < usable:
+            break
+        best, level = level, level * 2
+    print(f"{recipe.name} capacity sweep (usable >= {usable:g} tok/s per request):\n  " + "\n  ".join(rows))
+    print(f"largest usable concurrency: {best or 'none'}" + (" (the sweep's limit, 2 x --max-num-seqs)"
+                                                           if best and best * 2 > limit else ""))
+    check.that(best is not None, expected=f"a single stream at >= {usable:g} tok/s (usable)",
+               found=rows[0])

@@ -1,0 +1,46 @@
+"""Several users at once: the speed each one sees. The sum over users is capacity, reported apart."""
+
+import asyncio
+
+import pytest
+
+from sparkgate.measure import Figure, aggregate_tok_s, burst
+from sparkgate.workloads import CODE, PROSE, chat
+
+LEVELS = (1, 4, 8, 16)
+MAX_TOKENS = 250  # the guide's burst runs: short prompts, max_tokens 250
+
+
+def levels_for(recipe):
+    return [c for c in LEVELS if c <= recipe.max_num_seqs]
+
+
+@pytest.mark.check(
+    "PERF-CONCURRENT",
+    why="per-request speed under load is what each user of a shared box feels; it drops as users are "
+        "added, and an upgrade that steepens the drop is a regression even if the single stream is fine",
+    fix="compare with the last good run; check --max-num-seqs and --max-num-batched-tokens against the "
+        "recipe, and TTFT (queueing) before errors, as the saturation signal",
+)
+def test_per_request_decode_under_concurrency_meets_the_floors(check, target, recipe, roofline, record,
+                                                               completed):
+    """Per-request decode at each concurrency level up to max-num-seqs MUST meet the recipe's floor for it."""
+    prompts = PROSE + CODE
+    asyncio.run(burst(target, [chat(recipe, prompts[0], 16)]))  # warm-up, discarded
+    short = []
+    for c in levels_for(recipe):
+        shape = {"prompt": "short prose and code", "max_tokens": MAX_TOKENS, "ignore_eos": False,
+                 "thinking": "off", "temperature": 0.2, "concurrency": c}
+        records = completed(asyncio.run(burst(target, [chat(recipe, prompts[i % 4], MAX_TOKENS, 0.2)
+                                                                for i in range(c)])), f"request at {c} concurrent")
+        rates = [r.decode_tok_s for r in records]
+        figure = record(Figure.of(f"decode per request at {c} concurrent", "tok/s", rates, shape, roofline))
+        record(Figure.of(f"aggregate at {c} concurrent (capacity: {c} requests summed, not a speed)", "tok/s",
+                         [aggregate_tok_s(records)], shape))
+        floor = recipe.floors.get("single_stream_decode" if c == 1 else f"concurrent_{c}_decode")
+        if floor and figure.mean < floor.min:
+            short.append(f"{figure}, expected {floor.expected()}")
+    if not any(k == "single_stream_decode" or k.startswith("concurrent_") for k in recipe.floors):
+        check.cannot_run(f"recipe {recipe.name} declares no concurrency floors (figures were recorded)")
+    check.that(not short, expected="every level at or above its floor",
+               found=f"on {recipe.name}, short prose and code prompts, max_tokens {MAX_TOKENS}: " + "; ".join(short))

@@ -1,0 +1,37 @@
+"""Sustained closed-loop load: max-num-seqs streams kept full, the figure to plan capacity with."""
+
+import asyncio
+
+import pytest
+
+from sparkgate.measure import Figure, aggregate_tok_s, closed_loop
+from sparkgate.workloads import CODE, PROSE, chat
+
+pytestmark = pytest.mark.extended
+DURATION_S, MAX_TOKENS = 60, 1500
+
+
+@pytest.mark.check(
+    "PERF-SUSTAINED",
+    why="bursts understate throughput (ramp-up and the ragged tail dominate); capacity planning needs the "
+        "sustained figure, and each user's speed under it",
+    fix="compare with the last good run; watch TTFT (queueing) first, errors last",
+)
+def test_sustained_load_keeps_every_stream_at_its_floor(check, target, recipe, roofline, record, completed):
+    """Under sustained load at max-num-seqs, per-request decode MUST meet the recipe's floor for that level."""
+    streams = recipe.max_num_seqs
+    prompts = PROSE + CODE
+    records = completed(asyncio.run(closed_loop(target, lambda i: chat(recipe, prompts[i % 4], MAX_TOKENS),
+                                                streams, DURATION_S)), "request under sustained load")
+    shape = {"prompt": "prose and code", "max_tokens": MAX_TOKENS, "ignore_eos": False, "thinking": "off",
+             "temperature": 0.3, "concurrency": streams, "duration_s": DURATION_S}
+    figure = record(Figure.of(f"sustained decode per request at {streams} streams", "tok/s",
+                              [r.decode_tok_s for r in records], shape, roofline))
+    # Capacity, for planning: reported, never a floor (a sum over users is no one's speed).
+    record(Figure.of(f"sustained aggregate at {streams} streams (capacity, not a speed)", "tok/s",
+                     [aggregate_tok_s(records)], shape))
+    floor = recipe.floors.get("sustained_decode")
+    if floor is None:
+        check.cannot_run(f"recipe {recipe.name} declares no sustained_decode floor (figures recorded)")
+    check.that(figure.mean >= floor.min, expected=floor.expected(" per request"),
+               found=f"{figure} on {recipe.name}, shape {shape}")

@@ -1,0 +1,79 @@
+"""Prefix cache and concurrency: a cached or batched request answers as cleanly as a lone, uncached one.
+
+The guide's garbage depended on how many tokens were actually scheduled for prefill, which prefix caching
+decides from the content: the same body was clean cold and garbage warm. Prefix caching itself is lossless;
+these checks catch an engine whose cached or batched path is not.
+"""
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from sparkgate import metrics, sanity
+from sparkgate.probes import COHERENCE, chat_body
+
+NOTES = (
+    "Field notes from the lighthouse on Skerry Point, kept by the keeper for the relief crew. "
+    "The door of the lighthouse is painted green. The lamp is lit at sunset and put out at sunrise. "
+    "Fresh water comes by boat every second Tuesday. The radio is checked at noon every day. "
+) * 12
+
+
+@pytest.mark.check("SERVE-PREFIX-CACHE", why=sanity.WHY, fix=sanity.FIX)
+def test_a_repeated_request_answers_the_same_uncached_and_cached(check, server, endpoint):
+    """A greedy request sent twice (uncached, then from the prefix cache) MUST answer cleanly and the same."""
+    # A fresh nonce first, so the first send cannot hit a cache left by an earlier run.
+    system = f"Session {uuid.uuid4().hex}.\n{NOTES}"
+    body = chat_body(server.served_name, "According to the notes, what colour is the lighthouse door? "
+                                         "Answer in one short sentence.", max_tokens=32)
+    body["messages"].insert(0, {"role": "system", "content": system})
+    answers, hits, unavailable = [], [], None
+
+    def scrape():
+        nonlocal unavailable
+        try:
+            return metrics.scrape(server.base_url, server.served_name, server.headers)
+        except metrics.MetricsUnavailable as exc:
+            unavailable = str(exc)
+            return {}
+
+    for label in ("uncached", "cached"):
+        before = scrape()
+        data = endpoint.chat(body, label=f"the {label} send")
+        answers.append(data["choices"][0]["message"].get("content") or "")
+        hits.append(metrics.delta(before, scrape()).get(metrics.PREFIX_CACHE_HITS))
+    print(f"prompt tokens served from the prefix cache ({metrics.PREFIX_CACHE_HITS}): uncached {hits[0]}, "
+          f"cached {hits[1]}")
+    n = min(40, *(len(a) for a in answers))
+    check.that(n > 0 and answers[0][:n] == answers[1][:n],
+               expected="two non-empty answers that agree on their first 40 characters",
+               found=f"uncached {answers[0][:80]!r}, cached {answers[1][:80]!r}")
+    if unavailable:
+        check.cannot_run(f"the answers agree, but whether the second came from the prefix cache cannot be told: "
+                         f"{unavailable}", "serve with vLLM (its /metrics count prefix-cache hits)")
+    if not hits[1]:
+        check.cannot_run(f"the second send was not served from the prefix cache ({metrics.PREFIX_CACHE_HITS} "
+                         f"+{hits[1]}): prefix caching is off, so the cached path was not exercised",
+                         "serve without --no-enable-prefix-caching")
+
+
+@pytest.mark.check("SERVE-CONCURRENT", why="every seat of --max-num-seqs is a user: a batch that corrupts one "
+                   "sequence hands one user garbage while the others look fine", fix=sanity.FIX)
+def test_a_full_batch_of_concurrent_requests_all_answer_clean_and_right(check, server, recipe, endpoint):
+    """As many concurrent requests as --max-num-seqs MUST all come back clean and with the known answer."""
+    n = recipe.max_num_seqs
+    probes = [COHERENCE[i % len(COHERENCE)] for i in range(n)]
+    bodies = [chat_body(server.served_name, p.prompt, max_tokens=24) for p in probes]
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        responses = list(pool.map(endpoint.post, bodies))
+    wrong = []
+    for i, (probe, body, response) in enumerate(zip(probes, bodies, responses, strict=True)):
+        if response.status_code != 200:
+            wrong.append(f"request {i}: HTTP {response.status_code}: {response.text[:120]!r}")
+            continue
+        message = endpoint.answer(response, body, label=f"concurrent request {i} of {n}")["choices"][0]["message"]
+        if not probe.answered(message.get("content") or ""):
+            wrong.append(f"request {i}: {probe.prompt!r} -> {message.get('content')!r}")
+    check.that(not wrong, expected=f"{n} of {n} concurrent requests answered right",
+               found=f"{len(wrong)} wrong: " + "; ".join(wrong))

@@ -1,0 +1,173 @@
+"""Facts a vLLM server states about itself while it starts, read from its log (a container's or a process's).
+
+The lines are vLLM's own (v1 engine; the patterns follow its format strings, and the selftests hold real lines):
+
+- version: the banner "vLLM server version X, serving model M" (or the logo's "version X"), or
+  "Initializing a V1 LLM engine (vX) with config: ..." (that line also carries cudagraph_mode, enforce_eager)
+- free memory at start: "Free memory on device (F/T GiB) on startup." (the GPU worker's utilization error and
+  summary), or "Initial free memory F GiB, reserved K GiB memory for KV Cache as specified by
+  kv_cache_memory_bytes config ..." (the KV cache pinned with --kv-cache-memory)
+- KV cache GiB: that "reserved K GiB" (pinned), "Available KV cache memory: K GiB" (sized from free memory),
+  or on the CPU engine "Explicitly set (K/T) GiB for KV cache on node N." / "Auto set (K/T) GiB ..."
+- KV cache tokens and concurrency: "GPU KV cache size: N tokens" and "Maximum concurrency for L tokens per
+  request: Cx" (one line or two, by version; "CPU KV cache size" on the CPU engine)
+- graphs: "Capturing CUDA graphs (decode, FULL)" / "(mixed prefill-decode, PIECEWISE)" progress bars,
+  "Graph capturing finished in S secs, took G GiB", "Cudagraph is disabled under eager mode"
+
+Bytes per token are the KV cache bytes over its tokens, as vLLM sized them: never derived from the layer count
+(a hybrid model's Gated DeltaNet layers hold state, not per-token KV).
+
+A log that holds several starts (a restarted container) is read from its last start.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+from .units import GIB
+
+# Where one start of a server begins: the engine's config line or the server's banner, whichever is first.
+_START = re.compile(r"vLLM server version \S+|Initializing a V\d LLM engine|vLLM API server version \S+"
+                    r"|█\s+version\s+\S+")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+
+_VERSION = [
+    re.compile(r"vLLM (?:API )?server version (\S+?),?(?:\s|$)"),
+    re.compile(r"Initializing a V\d LLM engine \(v([^)\s]+)\)"),
+    re.compile(r"█\s+version\s+(\S+)"),  # the logo banner
+]
+_FREE = [
+    re.compile(rf"Free memory on device(?: \S+)? \({_NUM}/{_NUM} GiB\) on startup"),
+    re.compile(rf"Initial free memory:? {_NUM} GiB"),
+]
+_KV_PINNED = re.compile(rf"reserved {_NUM} GiB memory for KV Cache as specified by kv_cache_memory_bytes")
+_KV_PROFILED = re.compile(rf"Available KV cache memory: (-?{_NUM[1:-1]}) GiB")
+_KV_CPU = re.compile(rf"(Explicitly|Auto) set \({_NUM}/{_NUM}\) GiB for KV cache on node (\d+)")
+_KV_TOKENS = re.compile(rf"(GPU|CPU|[A-Z]+(?: \+ host)?) KV cache size: {_NUM} tokens")
+_CONCURRENCY = re.compile(rf"Maximum concurrency for {_NUM} tokens per request: {_NUM}x")
+_CAPTURE = re.compile(r"Capturing CUDA graphs \(([^,)]+), ([A-Z_]+)\)")
+_CAPTURE_DONE = re.compile(rf"Graph capturing finished in {_NUM} secs?, took (-?{_NUM[1:-1]}) GiB")
+_EAGER_OFF = re.compile(r"Cudagraph is disabled under eager mode")
+_CUDAGRAPH_MODE = [
+    re.compile(r"['\"]cudagraph_mode['\"]:\s*<CUDAGraphMode\.([A-Z_]+)"),
+    re.compile(r"['\"]cudagraph_mode['\"]:\s*['\"]?([A-Z_]+)"),
+    re.compile(r"cudagraph_mode=(?:CUDAGraphMode\.)?([A-Z_]+)"),
+]
+_ENFORCE_EAGER = re.compile(r"enforce_eager=(True|False)")
+_WEIGHTS = re.compile(rf"Model loading took {_NUM} GiB")
+
+
+def _f(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+@dataclass
+class StartupFacts:
+    """What one start of a vLLM server said about itself. None: the log did not say (yet)."""
+
+    version: str | None = None
+    device: str | None = None  # "GPU", "CPU": whose KV cache the size line counts
+    free_memory_gib: float | None = None  # free on the device when the engine started
+    total_memory_gib: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_basis: str | None = None  # "pinned" (--kv-cache-memory, VLLM_CPU_KVCACHE_SPACE) or "profiled"
+    kv_tokens: int | None = None
+    concurrency_len: int | None = None  # the max_model_len the concurrency figure is for
+    max_concurrency: float | None = None
+    weights_gib: float | None = None
+    cudagraph_mode: str | None = None  # as configured: FULL_AND_PIECEWISE, PIECEWISE, NONE, ...
+    enforce_eager: bool | None = None
+    graph_captures: list[str] = field(default_factory=list)  # e.g. "mixed prefill-decode, PIECEWISE"
+    graph_capture_gib: float | None = None
+    starts: int = 0  # how many starts the log holds (a restarted container logs one per start)
+
+    @property
+    def bytes_per_token(self) -> float | None:
+        """KV cache bytes per token of context, as vLLM sized it (GiB / tokens)."""
+        if self.kv_cache_gib is None or not self.kv_tokens:
+            return None
+        return self.kv_cache_gib * GIB / self.kv_tokens
+
+    @property
+    def graph_mode(self) -> str | None:
+        """How the engine runs its steps: "eager" (no graphs), or the graph modes it captured, in order
+        ("PIECEWISE", "FULL", "PIECEWISE+FULL"), else the configured cudagraph_mode."""
+        if self.enforce_eager:
+            return "eager"
+        captured = list(dict.fromkeys(c.rsplit(", ", 1)[-1] for c in self.graph_captures))
+        if captured:
+            return "+".join(captured)
+        return self.cudagraph_mode
+
+    def summary(self) -> dict[str, str]:
+        """Flat strings for the results file and the report."""
+        out = {k: str(v) for k, v in asdict(self).items() if v not in (None, [])}
+        if self.graph_captures:
+            out["graph_captures"] = "; ".join(self.graph_captures)
+        if (bpt := self.bytes_per_token) is not None:
+            out["kv_bytes_per_token"] = f"{bpt:.0f}"
+        if (mode := self.graph_mode) is not None:
+            out["graph_mode"] = mode
+        return out
+
+
+def last_start(text: str) -> tuple[str, int]:
+    """The part of the log from its last start, and how many starts it holds."""
+    text = _ANSI.sub("", text)
+    starts = [m.start() for m in _START.finditer(text)]
+    # A banner and an engine config line both belong to one start: count starts as groups of those lines
+    # with nothing of a finished start (a KV cache size) between them.
+    groups: list[int] = []
+    for pos in starts:
+        if not groups or _KV_TOKENS.search(text, groups[-1], pos):
+            groups.append(pos)
+    if not groups:
+        return text, 0
+    return text[groups[-1]:], len(groups)
+
+
+def parse(text: str) -> StartupFacts:
+    """The startup facts of the last start in a vLLM log."""
+    part, starts = last_start(text)
+    facts = StartupFacts(starts=starts)
+    for pattern in _VERSION:
+        if m := pattern.search(part):
+            facts.version = m.group(1).lstrip("v")
+            break
+    for pattern in _FREE:
+        if m := pattern.search(part):
+            facts.free_memory_gib = _f(m.group(1))
+            if m.lastindex and m.lastindex >= 2:
+                facts.total_memory_gib = _f(m.group(2))
+            break
+    if m := _KV_PINNED.search(part):
+        facts.kv_cache_gib, facts.kv_cache_basis = _f(m.group(1)), "pinned"
+    elif m := _KV_PROFILED.search(part):
+        facts.kv_cache_gib, facts.kv_cache_basis = _f(m.group(1)), "profiled"
+    else:
+        nodes = {node: (how, _f(kv), _f(total)) for how, kv, total, node in _KV_CPU.findall(part)}
+        if nodes:
+            facts.kv_cache_gib = sum(kv for _, kv, _ in nodes.values())
+            facts.total_memory_gib = facts.total_memory_gib or sum(t for _, _, t in nodes.values())
+            explicit = all(how == "Explicitly" for how, _, _ in nodes.values())
+            facts.kv_cache_basis = "pinned" if explicit else "profiled"
+    if m := _KV_TOKENS.search(part):
+        facts.device, facts.kv_tokens = m.group(1), int(_f(m.group(2)))
+    if m := _CONCURRENCY.search(part):
+        facts.concurrency_len, facts.max_concurrency = int(_f(m.group(1))), _f(m.group(2))
+    if m := _WEIGHTS.search(part):
+        facts.weights_gib = _f(m.group(1))
+    for pattern in _CUDAGRAPH_MODE:
+        if m := pattern.search(part):
+            facts.cudagraph_mode = m.group(1)
+            break
+    if m := _ENFORCE_EAGER.search(part):
+        facts.enforce_eager = m.group(1) == "True"
+    if _EAGER_OFF.search(part):
+        facts.enforce_eager = True
+    facts.graph_captures = list(dict.fromkeys(f"{a}, {b}" for a, b in _CAPTURE.findall(part)))
+    if m := _CAPTURE_DONE.search(part):
+        facts.graph_capture_gib = _f(m.group(2))
+    return facts

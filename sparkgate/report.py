@@ -1,0 +1,264 @@
+"""What a person reads after a run: a summary first (every figure as a row, the failures grouped by their cause,
+the skips grouped by reason), plots where a picture says it faster, and the same as Markdown for an issue.
+
+Pure functions of what the run recorded (outcomes, figures, facts); the plugin feeds them into pytest-html's report
+and `--summary-md`. Plots are drawn with matplotlib and embedded as PNG, so the report stays one file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from .measure import Figure
+
+
+@dataclass
+class Outcome:
+    """One check of one recipe, as it ended."""
+
+    nodeid: str
+    check: str
+    recipe: str | None
+    outcome: str  # passed | failed | skipped
+    message: str = ""  # the failure message or the skip reason
+
+
+@dataclass
+class Measured:
+    recipe: str
+    check: str
+    figure: Figure
+    floor: float | None = None
+
+    @property
+    def verdict(self) -> str:
+        if self.floor is None:
+            return "recorded"
+        return "meets its floor" if self.figure.mean >= self.floor else "BELOW ITS FLOOR"
+
+
+@dataclass
+class Cause:
+    """Several failures with one defect behind them, named by the check that diagnoses it."""
+
+    check: str
+    recipe: str | None
+    what: str
+    also: list[str] = field(default_factory=list)
+
+
+# A failure that says "the same defect as X's" belongs to X's cause (the detector's checks point at SERVE-SANITY).
+_SAME = re.compile(r"the same defect as ([A-Z]+-[A-Z-]+)'s")
+
+
+def causes(outcomes: list[Outcome]) -> tuple[list[Cause], list[Outcome]]:
+    """The failures grouped: each group under the check that diagnoses its defect; and the failures that stand
+    alone."""
+    failed = [o for o in outcomes if o.outcome == "failed"]
+    by_check = {(o.recipe, o.check): o for o in failed}
+    groups: dict[tuple[str | None, str], Cause] = {}
+    alone = []
+    for o in failed:
+        m = _SAME.search(o.message)
+        root = (o.recipe, m.group(1)) if m else None
+        if root and root in by_check and root != (o.recipe, o.check):
+            cause = groups.setdefault(root, Cause(root[1], o.recipe, first_line(by_check[root].message)))
+            cause.also.append(o.check)
+        elif root and root not in by_check:  # the diagnosing check did not run: still one cause, named
+            cause = groups.setdefault(root, Cause(root[1], o.recipe, first_line(o.message)))
+            cause.also.append(o.check)
+        else:
+            alone.append(o)
+    grouped = set(groups)
+    return list(groups.values()), [o for o in alone if (o.recipe, o.check) not in grouped]
+
+
+def first_line(message: str) -> str:
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    found = next((line for line in lines if line.startswith("found:")), "")
+    return (lines[0] if lines else "") + (f" ({found})" if found else "")
+
+
+def skips_by_reason(outcomes: list[Outcome]) -> dict[str, list[str]]:
+    """Skip reason -> the checks skipped for it (a reason shared by many is one line)."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for o in outcomes:
+        if o.outcome == "skipped":
+            reason = re.sub(r"^\[[A-Z-]+\] could not run: ", "", o.message.strip())
+            groups[reason].append(o.check)
+    return dict(sorted(groups.items(), key=lambda kv: -len(kv[1])))
+
+
+def _fmt(m: Measured) -> list[str]:
+    f = m.figure
+    share = f"{f.roofline_share:.0%}" if f.roofline_share is not None else ""
+    floor = f"{m.floor:g}" if m.floor is not None else ""
+    return [m.recipe, m.check, f.name, f"{f.mean:.2f} ± {f.std:.2f} {f.unit}", str(f.n), floor, m.verdict, share]
+
+
+FIGURE_COLUMNS = ["recipe", "check", "figure", "mean ± std", "n", "floor", "verdict", "roofline share"]
+
+
+# ---- plots -----------------------------------------------------------------------------------------------
+
+def _png(fig: object) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")  # type: ignore[attr-defined]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)  # type: ignore[arg-type]
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _level(figure: Figure) -> int | None:
+    c = figure.shape.get("concurrency")
+    return int(c) if isinstance(c, int | float) else None
+
+
+def plots(measured: list[Measured]) -> dict[str, str]:
+    """title -> base64 PNG, for each plot the figures allow (none when the run measured nothing)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out: dict[str, str] = {}
+    for recipe in dict.fromkeys(m.recipe for m in measured):
+        mine = [m for m in measured if m.recipe == recipe]
+        per_request = [m for m in mine if m.check == "PERF-CONCURRENT" and "per request" in m.figure.name]
+        aggregate = [m for m in mine if m.check == "PERF-CONCURRENT" and "aggregate" in m.figure.name]
+        if per_request:
+            fig, ax = plt.subplots(figsize=(6.4, 3.4))
+            xs = [_level(m.figure) for m in per_request]
+            ax.errorbar(xs, [m.figure.mean for m in per_request], yerr=[m.figure.std for m in per_request],
+                        marker="o", capsize=3, label="decode per request (mean ± std)")
+            floors = [(x, m.floor) for x, m in zip(xs, per_request, strict=True) if m.floor is not None]
+            if floors:
+                ax.scatter(*zip(*floors, strict=True), marker="_", s=400, color="crimson", label="floor", zorder=3)
+            ax.set_xlabel("concurrent requests")
+            ax.set_ylabel("tok/s per request")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(x) for x in xs])
+            if aggregate:
+                twin = ax.twinx()
+                twin.plot([_level(m.figure) for m in aggregate], [m.figure.mean for m in aggregate], "s--",
+                          color="grey", label="aggregate (capacity, not a speed)")
+                twin.set_ylabel("tok/s, all requests summed")
+                twin.legend(loc="upper right", fontsize=8)
+            ax.legend(loc="lower left", fontsize=8)
+            ax.set_title(f"{recipe}: per-request decode under concurrency")
+            out[f"{recipe}: decode per request against concurrency"] = _png(fig)
+        sweep = [m for m in mine if m.check == "PERF-CAPACITY" and "decode" in m.figure.name]
+        ttft = {_level(m.figure): m.figure.mean for m in mine if m.check == "PERF-CAPACITY" and "TTFT" in m.figure.name}
+        if sweep:
+            fig, ax = plt.subplots(figsize=(6.4, 3.4))
+            xs = [_level(m.figure) for m in sweep]
+            ax.plot(xs, [m.figure.mean for m in sweep], "o-", label="decode per request")
+            if sweep[0].floor is not None:
+                ax.axhline(sweep[0].floor, color="crimson", linestyle=":", label="usable")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(x) for x in xs])
+            ax.set_xlabel("concurrent requests")
+            ax.set_ylabel("tok/s per request")
+            if ttft:
+                twin = ax.twinx()
+                twin.plot(list(ttft), list(ttft.values()), "^--", color="darkorange", label="worst TTFT")
+                twin.set_ylabel("seconds to first token")
+                twin.legend(loc="upper right", fontsize=8)
+            ax.legend(loc="lower left", fontsize=8)
+            ax.set_title(f"{recipe}: capacity sweep")
+            out[f"{recipe}: capacity sweep with time to first token"] = _png(fig)
+        rated = [m for m in mine if m.figure.unit == "tok/s" and m.figure.roofline and "aggregate" not in m.figure.name
+                 and m.check in ("PERF-NATURAL", "PERF-CONCURRENT", "PERF-FORCED", "PERF-LONG-DECODE")]
+        if rated:
+            fig, ax = plt.subplots(figsize=(6.4, 3.4))
+            for i, m in enumerate(rated):
+                ax.scatter(m.figure.raw, [i] * len(m.figure.raw), alpha=0.7)
+            ax.axvline(rated[0].figure.roofline, color="black", linestyle="--", label="roofline (memory bandwidth)")
+            ax.set_yticks(range(len(rated)), [m.figure.name for m in rated], fontsize=7)
+            ax.set_xlabel("tok/s per request (every request)")
+            ax.legend(fontsize=8)
+            ax.set_title(f"{recipe}: per-request decode against the roofline")
+            out[f"{recipe}: per-request decode against the roofline"] = _png(fig)
+    return out
+
+
+# ---- the summary ---------------------------------------------------------------------------------------
+
+def _table(columns: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="sparkgate-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+STYLE = """<style>
+.sparkgate-summary{font-family:sans-serif;margin:1em 0}.sparkgate-summary h2{margin:.8em 0 .3em}
+.sparkgate-table{border-collapse:collapse;font-size:13px}.sparkgate-table td,.sparkgate-table th{border:1px solid #ccc;
+padding:3px 6px;text-align:left}.sparkgate-table th{background:#eee}.sparkgate-cause{color:#a00}
+.sparkgate-plots img{max-width:640px;margin:4px;border:1px solid #ddd}
+</style>"""
+
+
+def summary_html(outcomes: list[Outcome], measured: list[Measured]) -> str:
+    """The section that opens the report."""
+    counts = {k: sum(1 for o in outcomes if o.outcome == k) for k in ("passed", "failed", "skipped")}
+    parts = [STYLE, '<div class="sparkgate-summary" id="sparkgate-summary">',
+             f"<h2>sparkgate: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} could not "
+             "run</h2>"]
+    grouped, alone = causes(outcomes)
+    if grouped or alone:
+        parts.append('<h2 id="sparkgate-failures">Failures</h2><ul>')
+        for c in grouped:
+            parts.append(f'<li class="sparkgate-cause"><b>One cause, diagnosed by {html.escape(c.check)}</b>'
+                         f"{' on ' + html.escape(c.recipe) if c.recipe else ''}: {html.escape(c.what)}; it also "
+                         f"fails {html.escape(', '.join(dict.fromkeys(c.also)))}</li>")
+        for o in alone:
+            parts.append(f"<li><b>{html.escape(o.check)}</b>{' on ' + html.escape(o.recipe) if o.recipe else ''}: "
+                         f"{html.escape(first_line(o.message))}</li>")
+        parts.append("</ul>")
+    if measured:
+        parts.append('<h2 id="sparkgate-figures">Figures (per request unless named aggregate)</h2>')
+        parts.append(_table(FIGURE_COLUMNS, [_fmt(m) for m in measured]))
+        images = plots(measured)
+        if images:
+            parts.append('<h2>Plots</h2><div class="sparkgate-plots">' + "".join(
+                f'<img alt="{html.escape(t)}" title="{html.escape(t)}" src="data:image/png;base64,{b}">'
+                for t, b in images.items()) + "</div>")
+    skips = skips_by_reason(outcomes)
+    if skips:
+        parts.append('<details id="sparkgate-skips"><summary><b>Could not run</b> '
+                     f"({counts['skipped']} checks, {len(skips)} reasons)</summary>")
+        parts.append(_table(["reason", "checks"], [[r, ", ".join(dict.fromkeys(c))] for r, c in skips.items()]))
+        parts.append("</details>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def summary_markdown(outcomes: list[Outcome], measured: list[Measured], env: dict[str, str]) -> str:
+    """The same, short enough to paste into an issue."""
+    counts = {k: sum(1 for o in outcomes if o.outcome == k) for k in ("passed", "failed", "skipped")}
+    lines = [f"## sparkgate: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} could not run",
+             ""]
+    grouped, alone = causes(outcomes)
+    if grouped or alone:
+        lines += ["### Failures", ""]
+        lines += [f"- **One cause, diagnosed by {c.check}**{' on ' + c.recipe if c.recipe else ''}: {c.what}; it "
+                  f"also fails {', '.join(dict.fromkeys(c.also))}" for c in grouped]
+        lines += [f"- **{o.check}**{' on ' + o.recipe if o.recipe else ''}: {first_line(o.message)}" for o in alone]
+        lines.append("")
+    if measured:
+        lines += ["### Figures", "", "| " + " | ".join(FIGURE_COLUMNS) + " |",
+                  "|" + " --- |" * len(FIGURE_COLUMNS)]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _fmt(m)) + " |" for m in measured]
+        lines.append("")
+    lines += ["### Environment", ""] + [f"- {k}: {v}" for k, v in env.items()] + [""]
+    skips = skips_by_reason(outcomes)
+    if skips:
+        lines += [f"<details><summary>Could not run: {counts['skipped']} checks, {len(skips)} reasons</summary>", ""]
+        lines += [f"- {r}: {', '.join(dict.fromkeys(c))}" for r, c in skips.items()] + ["", "</details>", ""]
+    return "\n".join(lines)
