@@ -58,8 +58,9 @@ def test_the_installed_plugin_runs_the_shipped_host_checks_from_an_empty_folder(
     result = run(installed, "sparkgate", "run", "--host=local", "-m", "host", "-rA")
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
-    assert re.search(r"^PASSED host/test_memory.py::test_available_memory_covers_every_selected_recipe", out, re.M), \
-        out[-3000:]
+    passed = r"^PASSED \S*host/test_memory.py::test_available_memory_covers_every_selected_recipe"
+    assert re.search(passed, out, re.M), out[-3000:]
+    assert "warning" not in out.splitlines()[-1], out[-3000:]
     options = run(installed, "pytest", "--help").stdout  # the plugin's options, in any pytest run
     assert "--host=TARGET" in options and "--results-json=PATH" in options and "(default: local)" in options
 
@@ -68,7 +69,7 @@ def test_a_run_in_which_nothing_ran_does_not_read_as_a_pass(installed):
     """Every container check skips for a process recipe: exit status 3, never 0."""
     result = run(installed, "sparkgate", "run", "--host=local", "-m", "container", "--recipe=smollm2-cpu")
     assert result.returncode == 3, (result.stdout + result.stderr)[-3000:]
-    assert "all 11 selected checks were skipped: nothing ran" in result.stdout
+    assert re.search(r"all \d+ selected checks were skipped: nothing ran", result.stdout), result.stdout[-3000:]
 
 
 def test_testinfras_hosts_option_is_refused_not_silently_local(installed):

@@ -59,8 +59,9 @@ def run(args: list[str]) -> int:
 
     from .shipped import SUITE_DIR
 
+    # (sparkgate and testinfra are imported before pytest could rewrite their asserts; they have none to rewrite)
     status = pytest.main([str(SUITE_DIR), "--rootdir", str(SUITE_DIR), "--strict-markers", "-p", "no:cacheprovider",
-                          *args])
+                          "-W", "ignore::pytest.PytestAssertRewriteWarning", *args])
     return RUN_STATUS.get(int(status), int(status))
 
 

@@ -469,11 +469,14 @@ def _served(recipe: Recipe, sparkgate_state: State, pytestconfig: pytest.Config)
         srv = Server(base_url=opt.sg_base_url.rstrip("/"), served_name=recipe.model.served_name,
                      recipe=recipe, started=False, api_key=state.api_key or recipe.args.api_key)
         try:  # one look before any check: a server that can never answer these checks is one error
-            wait_ready(srv.base_url, srv.served_name, 30, lambda: None, _progress(pytestconfig),
-                       f"the server at {srv.base_url}", srv.api_key, quiet=True)
+            wait_ready(srv.base_url, None, 30, lambda: None, _progress(pytestconfig), f"the server at {srv.base_url}",
+                       srv.api_key, quiet=True)
         except StartError as exc:
             yield exc
             return
+        ids = [m["id"] for m in httpx.get(f"{srv.base_url}/v1/models", headers=srv.headers, timeout=30).json()["data"]]
+        if srv.served_name not in ids:  # SERVE-MODELS's defect: that check fails on it, the others point at it
+            srv.not_served = f"the server serves {ids}, not {srv.served_name!r}"
         _record_server(srv, state)
         yield srv
         return
@@ -523,7 +526,7 @@ def _record_server(srv: Server, state: State) -> None:
 
 
 @pytest.fixture
-def server(_served: Any, recipe: Recipe, sparkgate_state: State) -> Server:
+def server(_served: Any, recipe: Recipe, sparkgate_state: State, request: pytest.FixtureRequest) -> Server:
     """The running server of the current recipe. A recipe that could not start is one error (on its first
     test) and its other tests could not run: skipped, pointing at that error."""
     if isinstance(_served, StartError):
@@ -531,6 +534,10 @@ def server(_served: Any, recipe: Recipe, sparkgate_state: State) -> Server:
             pytest.skip(f"{recipe.name} could not be brought up (see the error on its first test)")
         sparkgate_state.start_errors[recipe.name] = str(_served)
         pytest.fail(mask(f"{recipe.name} could not be brought up: {_served}"), pytrace=False)
+    c = Check.of(request.node)
+    if _served.not_served and c and c.id != "SERVE-MODELS":
+        pytest.skip(f"[{c.id}] could not run: {_served.not_served}, and every request names the recipe's model "
+                    "(the same defect as SERVE-MODELS's)")
     return _served
 
 
@@ -605,7 +612,11 @@ def pytest_html_results_summary(prefix: list[str], summary: list[str], postfix: 
 def pytest_html_results_table_html(report: pytest.TestReport, data: list[str]) -> None:
     """A skipped check's row says why, in one line, instead of pytest's raw (path, line, reason) tuple."""
     if report.skipped and isinstance(report.longrepr, tuple):
-        data[:] = [f'<div class="log">{html.escape(report.longrepr[2].removeprefix("Skipped: "))}</div>']
+        data[:] = [html.escape(report.longrepr[2].removeprefix("Skipped: "))]
+
+
+def pytest_html_report_title(report: Any) -> None:
+    report.title = "sparkgate: is this box fit to serve?"
 
 
 def pytest_html_results_table_header(cells: list[str]) -> None:

@@ -48,6 +48,7 @@ class Server:
     container: str | None = None  # the docker launcher's container (its name)
     logs: Callable[[], str] | None = None  # the server's log, where it is not a file (a container's)
     api_key: str | None = field(default=None, repr=False)  # what clients send as `Authorization: Bearer`
+    not_served: str | None = None  # a server found running: why the recipe's model is not listed (SERVE-MODELS's)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -64,7 +65,7 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _never_ready(response: httpx.Response, served_name: str) -> str | None:
+def _never_ready(response: httpx.Response, served_name: str | None) -> str | None:
     """Why an answer to GET /v1/models means the server will never be ready for these tests; None while it
     may still be loading (a 503 from a server that loads behind a live port, a proxy's 502)."""
     status = response.status_code
@@ -84,13 +85,14 @@ def _never_ready(response: httpx.Response, served_name: str) -> str | None:
         kind = response.headers.get("content-type", "no content type")
         return (f"GET /v1/models answers HTTP 200 with {kind}, not an OpenAI model list: "
                 f"{response.text[:200]!r}")
-    return None if served_name in ids else f"the server serves {ids}, not {served_name!r}"
+    return None if served_name is None or served_name in ids else f"the server serves {ids}, not {served_name!r}"
 
 
-def wait_ready(base_url: str, served_name: str, timeout_s: float, alive: Callable[[], str | None],
+def wait_ready(base_url: str, served_name: str | None, timeout_s: float, alive: Callable[[], str | None],
                progress: Progress, label: str, api_key: str | None = None, quiet: bool = False,
                log: Callable[[], str] | None = None) -> None:
-    """Poll /v1/models until `served_name` is listed. `alive()` returns why the server is gone, or None.
+    """Poll /v1/models until `served_name` is listed (None: until any model list answers). `alive()` returns why the
+    server is gone, or None.
     An answer that can never become ready (401, 403, 404, not a model list, another model) fails at once.
     While it loads, each phase its log shows (`log()`: weights, graphs, KV cache) is a progress detail."""
     from ..vllmlog import phases
