@@ -70,6 +70,12 @@ class RequestRecord(BaseModel):
         return (n - 1) / span if span > 0 else None
 
     @property
+    def itl_ms(self) -> float | None:
+        """Mean inter-token latency: the time between tokens once the first has come (1000 / decode)."""
+        rate = self.decode_tok_s
+        return 1000 / rate if rate else None
+
+    @property
     def prefill_tok_s(self) -> float | None:
         ttft = self.ttft_s
         return self.prompt_tokens / ttft if self.prompt_tokens and ttft else None

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from . import __version__, commit
 from .hostfacts import HostFacts
 from .measure import METHOD, METHOD_TOKENIZER, Figure
-from .recipes import Recipe
+from .recipes import FLOOR_CHECKS, Recipe
 from .redact import mask
 from .units import GIB
 
@@ -69,6 +69,8 @@ class RecipeRun(BaseModel):
     image_id: str | None = None
     image_digest: str | None = None
     vllm_version: str | None = None
+    floors: dict[str, float] = Field({}, description="the floors the recipe declares (name: minimum): what a complete "
+                                     "run of it measures")
     server: dict[str, str] = Field({}, description="everything else the server said of itself (its startup log's "
                                    "facts: KV cache, graph mode, ...)")
 
@@ -78,13 +80,15 @@ class CheckResult(BaseModel):
     test: str = Field(description="the test that ran it (a check with cases has one test per case)")
     recipe: str | None
     outcome: Literal["passed", "failed", "skipped"]
-    floor: float | None = Field(None, description="the floor a perf check held its figure to")
-    message: str = Field("", description="the first line of the failure, or the skip reason")
+    floors: dict[str, float] = Field({}, description="the floors a perf check held its figures to, by the recipe's "
+                                     "floor name (natural_decode, ...): the minimum")
+    message: str = Field("", description="the failure message, or the skip reason")
 
 
 class Measurement(Figure):
     recipe: str
     check: str = Field(description="the check ID that measured it")
+    test: str = Field("", description="the test that measured it")
     floor: float | None = Field(None, description="the minimum the check held this figure to; None: recorded only")
     floor_name: str | None = Field(None, description="which of the recipe's floors (natural_decode, ...)")
 
@@ -104,12 +108,45 @@ class Results(BaseModel):
     measurements: list[Measurement] = []
 
 
+def load(path: Path) -> Results:
+    """A results file, validated against the schema (pydantic's ValidationError says what and where)."""
+    return Results.model_validate_json(Path(path).read_text())
+
+
+def problems(r: Results) -> list[str]:
+    """What stops a valid file from being a complete, comparable submission: a run that did not finish, a method
+    this version of the suite does not know, a floor of a recipe that no figure was held to."""
+    found = []
+    if r.schema_version != SCHEMA_VERSION:
+        found.append(f"schema version {r.schema_version}; this sparkgate reads {SCHEMA_VERSION}")
+    if r.finished is None:
+        found.append("the run did not finish (no `finished`): a crash or an interrupt cut it short; run it again")
+    for m in r.measurements:
+        if m.method not in METHODS:
+            found.append(f"{m.recipe} [{m.check}] {m.name}: method {m.method!r} is not one this sparkgate measures "
+                         f"with ({'; '.join(METHODS)}): measured by another version, its numbers do not compare")
+    for run in r.recipes:
+        held = {m.floor_name for m in r.measurements if m.recipe == run.recipe and m.floor_name}
+        for name in run.floors:
+            if name not in held:
+                check = FLOOR_CHECKS.get(name, "?")
+                ended = next((c for c in r.checks if c.id == check and c.recipe == run.recipe), None)
+                if ended is None:
+                    why = f"{check} did not run"
+                else:
+                    why = f"{check} {ended.outcome}" + (f": {ended.message.splitlines()[0]}" if ended.message else "")
+                found.append(f"{run.recipe}: no figure for its {name} floor ({why})")
+    return found
+
+
 def now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 class ResultsFile:
-    def __init__(self, path: Path, submitter: Submitter | None = None) -> None:
+    """A run's results, kept as it goes; written to `path` after every change when there is one."""
+
+    def __init__(self, path: Path | None, submitter: Submitter | None = None) -> None:
         self.path = path
         self.data = Results(suite=Suite(version=__version__, commit=commit()), started=now(),
                             submitter=submitter or Submitter())
@@ -125,16 +162,25 @@ class ResultsFile:
             recipe=recipe.name, recipe_digest=recipe.digest, serving_digest=recipe.serving_digest,
             model=recipe.model.id, image=recipe.image, image_id=server.pop("image_id", None) or None,
             image_digest=server.pop("image_digest", None) or None, vllm_version=server.pop("vllm_version", None),
+            floors={name: f.min for name, f in recipe.floors.items()},
             server={k: v for k, v in server.items() if k not in ("image",)}))
         self._write()
 
-    def add(self, figure: Figure, recipe: Recipe, check: str, floor: float | None = None,
-            floor_name: str | None = None) -> None:
-        self.data.measurements.append(Measurement(**figure.model_dump(), recipe=recipe.name, check=check,
-                                                  floor=floor, floor_name=floor_name))
+    def add(self, figure: Figure, recipe: Recipe, check: str, test: str, floor: float | None = None,
+            floor_name: str | None = None) -> Measurement:
+        m = Measurement(**figure.model_dump(), recipe=recipe.name, check=check, test=test, floor=floor,
+                        floor_name=floor_name)
+        self.data.measurements.append(m)
         self._write()
+        return m
+
+    def check(self, test: str) -> CheckResult | None:
+        return next((c for c in self.data.checks if c.test == test), None)
 
     def set_check(self, result: CheckResult) -> None:
+        """How a check ended; its floors are those its figures were held to."""
+        result.floors = {m.floor_name: m.floor for m in self.data.measurements
+                         if m.test == result.test and m.floor_name and m.floor is not None}
         self.data.checks = [c for c in self.data.checks if c.test != result.test] + [result]
         self._write()
 
@@ -143,6 +189,8 @@ class ResultsFile:
         self._write()
 
     def _write(self) -> None:
+        if self.path is None:
+            return
         # Masked (secrets, --redact), written beside, then renamed: a crash mid-write never leaves half a file.
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
         tmp.write_text(mask(self.data.model_dump_json(indent=2)))

@@ -12,13 +12,14 @@ import csv
 import html
 import io
 import json
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .measure import Figure
-from .results import Measurement, Results
+from .results import Results
 
 # The key figures, by (check, name as the suite writes it): the column each one fills.
 KEY_FIGURES = {
@@ -35,19 +36,15 @@ KEY_FIGURES = {
 IDENTITY = ["system", "gpu", "driver", "recipe", "image", "vLLM", "suite", "submitter"]
 
 
-def load(path: Path) -> Results:
-    return Results.model_validate_json(Path(path).read_text())
-
-
 def _cell(f: Figure | None) -> str:
     return "" if f is None else f"{f.mean:.2f} ± {f.std:.2f} (n={f.n})"
 
 
-def rows(files: Iterable[tuple[str, Results]]) -> tuple[list[str], list[list[str]]]:
+def rows(files: Iterable[Results]) -> tuple[list[str], list[list[str]]]:
     """(columns, rows): one row per system x recipe x image."""
     columns = IDENTITY + list(dict.fromkeys(KEY_FIGURES.values()))
     out = []
-    for _, r in files:
+    for r in files:
         for run in r.recipes:
             figures = {KEY_FIGURES[(m.check, m.name)]: m for m in r.measurements
                        if m.recipe == run.recipe and (m.check, m.name) in KEY_FIGURES}
@@ -79,10 +76,15 @@ def as_html(columns: list[str], table: list[list[str]]) -> str:
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in table)
     return ('<!doctype html><meta charset="utf-8"><title>sparkgate results</title><style>table{border-collapse:'
             'collapse;font:13px sans-serif}td,th{border:1px solid #ccc;padding:3px 6px}th{background:#eee}</style>'
-            f'<h1>sparkgate results</h1><table id="results"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>\n')
+            f'<h1>sparkgate results</h1><table id="results"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{body}</tbody></table>\n')
 
 
 # ---- llama-benchy's formats --------------------------------------------------------------------------
+# Its rows: `pp{prompt tokens}` (prefill) and `tg{generated tokens}` (decode), ` @ d{depth}` for context before the
+# prompt, ` (c{concurrency})` on every row once any test ran concurrently. Speeds in t/s (t_s: the batch's total,
+# t_s_req: per request), times in ms; std is numpy's default, the population's (ddof=0), where sparkgate's is the
+# sample's: converted on the way out.
 
 LLAMA_BENCHY_CSV = ["model", "test_name", "t_s_mean", "t_s_std", "t_s_req_mean", "t_s_req_std", "peak_ts_mean",
                     "peak_ts_std", "peak_ts_req_mean", "peak_ts_req_std", "ttfr_mean", "ttfr_std", "est_ppt_mean",
@@ -90,119 +92,144 @@ LLAMA_BENCHY_CSV = ["model", "test_name", "t_s_mean", "t_s_std", "t_s_req_mean",
 
 
 @dataclass
+class Metric:
+    """llama-benchy's metric: mean, population std, raw values."""
+
+    mean: float
+    std: float
+    values: list[float]
+
+    @classmethod
+    def of(cls, f: Figure, scale: float = 1.0) -> Metric:
+        values = [v * scale for v in f.raw]
+        return cls(f.mean * scale, statistics.pstdev(values), values)
+
+
+@dataclass
 class BenchyRow:
-    """One llama-benchy row: a test (pp or tg at a shape) and its throughput (t/s) and times (ms)."""
+    """One llama-benchy row: a test (pp or tg at a shape), its throughput (t/s) and time to first token (ms)."""
 
     model: str
-    test_name: str
-    t_s: tuple[float, float] | None = None  # (mean, std); total over the batch when concurrent
-    t_s_req: tuple[float, float] | None = None  # per request
-    e2e_ttft: tuple[float, float] | None = None  # ms
+    test: str  # pp512, tg128
+    depth: int = 0
+    concurrency: int = 1
+    t_s: Metric | None = None  # the batch's total
+    t_s_req: Metric | None = None  # per request
+    e2e_ttft: Metric | None = None  # ms
 
-    def as_csv_row(self) -> dict[str, Any]:
-        row: dict[str, Any] = {c: None for c in LLAMA_BENCHY_CSV}
-        row.update(model=self.model, test_name=self.test_name)
-        for name in ("t_s", "t_s_req", "e2e_ttft"):
-            value = getattr(self, name)
-            if value is not None:
-                row[f"{name}_mean"], row[f"{name}_std"] = value
-        return row
+    def name(self, concurrent_file: bool) -> str:
+        return self.test + (f" @ d{self.depth}" if self.depth else "") + \
+            (f" (c{self.concurrency})" if concurrent_file else "")
 
-
-def _suffix(depth: int, concurrency: int) -> str:
-    return (f" @ d{depth}" if depth else "") + (f" (c{concurrency})" if concurrency > 1 else "")
+    @property
+    def prefill(self) -> bool:
+        return self.test.startswith("pp")
 
 
 def benchy_rows(r: Results) -> list[BenchyRow]:
-    """The figures a run measured on llama-benchy's shapes, as llama-benchy names and measures them: prefill (pp)
-    from the long-context runs, generation (tg) from every decode figure at a known output length."""
+    """The figures a run measured on llama-benchy's shapes, as llama-benchy names them: prefill (pp) from the
+    long-context runs, generation (tg) from PERF-FORCED (its --exact-tg), PERF-CONCURRENT (max_tokens, natural
+    stop: its default) and the decode after a long prompt (the prompt counted as depth)."""
     model = {run.recipe: run.model for run in r.recipes}
     by = {(m.recipe, m.check, m.name): m for m in r.measurements}
     out = []
     for m in r.measurements:
         s, name = m.shape, model.get(m.recipe, m.recipe)
-        c = s.concurrency
-        ms = (lambda f: (f.mean * 1000, f.std * 1000))  # noqa: E731 (llama-benchy's times are ms)
         if m.check == "PERF-LONG-PREFILL" and m.name == "long-context prefill" and s.prompt_tokens:
             ttft = by.get((m.recipe, m.check, "long-context TTFT"))
-            out.append(BenchyRow(name, f"pp{s.prompt_tokens}{_suffix(0, c)}", (m.mean, m.std), (m.mean, m.std),
-                                 ms(ttft) if ttft else None))
-        elif m.unit == "tok/s" and "decode" in m.name and "aggregate" not in m.name and s.max_tokens \
-                and m.check in ("PERF-FORCED", "PERF-CONCURRENT", "PERF-LONG-DECODE"):
+            out.append(BenchyRow(name, f"pp{s.prompt_tokens}", 0, s.concurrency, Metric.of(m), Metric.of(m),
+                                 Metric.of(ttft, 1000) if ttft else None))
+        elif m.check in ("PERF-FORCED", "PERF-CONCURRENT", "PERF-LONG-DECODE") and "per request" in m.name \
+                and m.unit == "tok/s" and s.max_tokens:
+            c = s.concurrency
             total = by.get((m.recipe, m.check, f"aggregate at {c} concurrent (capacity: {c} requests summed, "
                                                  "not a speed)")) if c > 1 else m
-            depth = s.prompt_tokens or 0 if m.check == "PERF-LONG-DECODE" else 0
-            out.append(BenchyRow(name, f"tg{s.max_tokens}{_suffix(depth, c)}",
-                                 (total.mean, total.std) if total else None, (m.mean, m.std)))
+            depth = (s.prompt_tokens or 0) if m.check == "PERF-LONG-DECODE" else 0
+            out.append(BenchyRow(name, f"tg{s.max_tokens}", depth, c, Metric.of(total) if total else None,
+                                 Metric.of(m)))
     return out
 
 
 def benchy_csv(rows_: list[BenchyRow]) -> str:
+    concurrent = any(row.concurrency > 1 for row in rows_)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=LLAMA_BENCHY_CSV)
     writer.writeheader()
-    writer.writerows(r.as_csv_row() for r in rows_)
+    for row in rows_:
+        out: dict[str, Any] = {c: None for c in LLAMA_BENCHY_CSV}
+        out.update(model=row.model, test_name=row.name(concurrent))
+        for field_ in ("t_s", "t_s_req", "e2e_ttft"):
+            if (metric := getattr(row, field_)) is not None:
+                out[f"{field_}_mean"], out[f"{field_}_std"] = metric.mean, metric.std
+        writer.writerow(out)
     return buf.getvalue()
 
 
 def benchy_json(r: Results, rows_: list[BenchyRow]) -> str:
     """llama-benchy's JSON report: its metadata, then one benchmark per measured shape."""
-    def metric(v: tuple[float, float] | None) -> dict[str, Any] | None:
-        return None if v is None else {"mean": v[0], "std": v[1], "values": [v[0]]}
+    def metric(m: Metric | None) -> dict[str, Any] | None:
+        return None if m is None else {"mean": m.mean, "std": m.std, "values": m.values}
 
-    benchmarks = []
-    for row in rows_:
-        test = row.test_name.split(" ")[0]
-        depth = int(row.test_name.split(" @ d")[1].split(" ")[0]) if " @ d" in row.test_name else 0
-        conc = int(row.test_name.split("(c")[1].rstrip(")")) if "(c" in row.test_name else 1
-        pp = test.startswith("pp")
-        benchmarks.append({"concurrency": conc, "context_size": depth, "prompt_size": int(test[2:]) if pp else 0,
-                           "response_size": 0 if pp else int(test[2:]), "is_context_prefill_phase": False,
-                           "pp_throughput": metric(row.t_s) if pp else None,
-                           "pp_req_throughput": metric(row.t_s_req) if pp else None,
-                           "tg_throughput": None if pp else metric(row.t_s),
-                           "tg_req_throughput": None if pp else metric(row.t_s_req),
-                           "e2e_ttft": metric(row.e2e_ttft)})
+    benchmarks = [{"concurrency": row.concurrency, "context_size": row.depth,
+                   "prompt_size": int(row.test[2:]) if row.prefill else 0,
+                   "response_size": 0 if row.prefill else int(row.test[2:]), "is_context_prefill_phase": False,
+                   "pp_throughput": metric(row.t_s) if row.prefill else None,
+                   "pp_req_throughput": metric(row.t_s_req) if row.prefill else None,
+                   "tg_throughput": None if row.prefill else metric(row.t_s),
+                   "tg_req_throughput": None if row.prefill else metric(row.t_s_req),
+                   "e2e_ttft": metric(row.e2e_ttft)} for row in rows_]
     meta = {"version": f"sparkgate {r.suite.version}", "timestamp": r.started, "latency_mode": "none",
             "latency_ms": 0.0, "model": rows_[0].model if rows_ else "", "prefix_caching_enabled": False,
-            "max_concurrency": max((b["concurrency"] for b in benchmarks), default=1)}
+            "max_concurrency": max((row.concurrency for row in rows_), default=1)}
     return json.dumps({**meta, "benchmarks": benchmarks}, indent=2) + "\n"
 
 
-def read_llama_benchy(path: Path) -> list[BenchyRow]:
-    """llama-benchy's CSV or JSON (its own, or sparkgate's in its format), as rows: the one reader for both."""
+def read_llama_benchy(path: Path) -> dict[str, BenchyRow]:
+    """llama-benchy's CSV or JSON (its own, or sparkgate's in its format), by test name: one reader for both."""
     text = Path(path).read_text()
+    out: dict[str, BenchyRow] = {}
     if text.lstrip().startswith("{"):
         data = json.loads(text)
-        out = []
+        concurrent = data.get("max_concurrency", 1) > 1
+
+        def metric(m: dict[str, Any] | None) -> Metric | None:
+            return Metric(m["mean"], m["std"], m.get("values", [])) if m else None
+
         for b in data["benchmarks"]:
-            suffix = _suffix(b["context_size"], b["concurrency"])
-            pair = (lambda m: (m["mean"], m["std"]) if m else None)  # noqa: E731
+            if b.get("is_context_prefill_phase"):
+                continue
+            common = dict(model=data["model"], depth=b["context_size"], concurrency=b["concurrency"])
+            rows_ = []
             if b.get("pp_throughput"):
-                out.append(BenchyRow(data["model"], f"pp{b['prompt_size']}{suffix}", pair(b["pp_throughput"]),
-                                     pair(b.get("pp_req_throughput")), pair(b.get("e2e_ttft"))))
+                rows_.append(BenchyRow(test=f"pp{b['prompt_size']}", t_s=metric(b["pp_throughput"]),
+                                       t_s_req=metric(b.get("pp_req_throughput")), e2e_ttft=metric(b.get("e2e_ttft")),
+                                       **common))
             if b.get("tg_throughput") or b.get("tg_req_throughput"):
-                out.append(BenchyRow(data["model"], f"tg{b['response_size']}{suffix}", pair(b.get("tg_throughput")),
-                                     pair(b.get("tg_req_throughput"))))
+                rows_.append(BenchyRow(test=f"tg{b['response_size']}", t_s=metric(b.get("tg_throughput")),
+                                       t_s_req=metric(b.get("tg_req_throughput")), **common))
+            out.update({row.name(concurrent): row for row in rows_})
         return out
-    rows_ = []
     for row in csv.DictReader(io.StringIO(text)):
-        pair = (lambda k: (float(row[f"{k}_mean"]), float(row[f"{k}_std"] or 0))  # noqa: E731
-                if row.get(f"{k}_mean") not in (None, "") else None)
-        rows_.append(BenchyRow(row["model"], row["test_name"], pair("t_s"), pair("t_s_req"), pair("e2e_ttft")))
-    return rows_
+        def metric_(k: str, row: dict[str, str] = row) -> Metric | None:
+            mean = row.get(f"{k}_mean")
+            return Metric(float(mean), float(row.get(f"{k}_std") or 0), []) if mean not in (None, "") else None
+
+        test, _, rest = row["test_name"].partition(" ")
+        depth = int(rest.split("@ d")[1].split()[0]) if "@ d" in rest else 0
+        conc = int(rest.split("(c")[1].rstrip(")")) if "(c" in rest else 1
+        out[row["test_name"]] = BenchyRow(row["model"], test, depth, conc, metric_("t_s"), metric_("t_s_req"),
+                                          metric_("e2e_ttft"))
+    return out
 
 
-def render(files: list[Path], fmt: str) -> str:
-    loaded = [(str(p), load(p)) for p in files]
+def render(loaded: list[Results], fmt: str) -> str:
+    """The files as one table in `fmt`: md, csv, html, or (one file) llama-benchy-csv or llama-benchy-json."""
     if fmt.startswith("llama-benchy"):
         if len(loaded) != 1:
             raise ValueError("llama-benchy's formats hold one run: give one results file")
-        results = loaded[0][1]
+        results = loaded[0]
         rows_ = benchy_rows(results)
         return benchy_csv(rows_) if fmt == "llama-benchy-csv" else benchy_json(results, rows_)
     columns, table = rows(loaded)
     return {"md": markdown, "csv": as_csv, "html": as_html}[fmt](columns, table)
 
-
-__all__ = ["Measurement", "render", "read_llama_benchy"]
