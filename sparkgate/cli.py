@@ -6,11 +6,15 @@
   sparkgate recipes floors          every performance floor, its rule, figure and source (docs/FLOORS.md)
   sparkgate prepare NAME            convert an embedded model into the cache now (otherwise done at start)
   sparkgate results-schema          the JSON Schema of --results-json files (docs/results.schema.json)
+  sparkgate compare BASE CAND       every figure and check of two results files side by side; exit 1 on a regression
+  sparkgate table FILE...           many results files as one table (md, csv, html, llama-benchy's csv or json)
+  sparkgate validate FILE...        schema, completeness and method versions of results files, before submitting
 
-Exit status (`sparkgate run`): 0 every check that ran passed, 1 a check failed or errored, 2 a usage error (a bad
+Exit status of `sparkgate run`: 0 every check that ran passed, 1 a check failed or errored, 2 a usage error (a bad
 option, recipe or profile; an unreachable host; a host in use by another run), 3 nothing ran (every selected check
 was skipped, or none was selected: read the skip reasons), 130 interrupted. Plain `pytest` says the same with its own
-codes: 0, 1, 4, 5 and 2.
+codes: 0, 1, 4, 5 and 2. Of `compare`: 0 no regression, 1 a regression, 2 the files do not compare (or cannot be
+read). Of `validate`: 0 every file valid and complete, 1 not.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from . import __version__, commit
+from .compare import TOLERANCE_PCT
 from .launch.base import cache_dir
 from .launch.container_spec import docker_run
 from .launch.process_launcher import ProcessLauncher
@@ -65,6 +71,85 @@ def run(args: list[str]) -> int:
     return RUN_STATUS.get(int(status), int(status))
 
 
+FORMATS = ("md", "csv", "html", "llama-benchy-csv", "llama-benchy-json")
+
+
+def compare_doc() -> str:
+    from . import compare
+
+    return compare.__doc__ or ""
+
+
+def _load_or_say(path: Path) -> Any:
+    """A results file, or None after saying (on stderr) why it cannot be read."""
+    from pydantic import ValidationError
+
+    from .results import load
+
+    try:
+        return load(path)
+    except OSError as exc:
+        print(f"sparkgate: {path}: {exc.strerror}", file=sys.stderr)
+    except ValidationError as exc:
+        print(f"sparkgate: {path} is not a sparkgate results file ({exc.error_count()} problem(s)):", file=sys.stderr)
+        for e in exc.errors()[:10]:
+            where = ".".join(str(x) for x in e["loc"]) or "the file"
+            print(f"  {where}: {e['msg']}", file=sys.stderr)
+    return None
+
+
+def compare_files(args: argparse.Namespace) -> int:
+    from .compare import NotComparable, compare, report
+
+    base, cand = _load_or_say(args.baseline), _load_or_say(args.candidate)
+    if base is None or cand is None:
+        return 2
+    try:
+        result = compare(base, cand, args.tolerance)
+    except NotComparable as exc:
+        print(f"sparkgate: {args.baseline} and {args.candidate} do not compare: {exc}", file=sys.stderr)
+        return 2
+    print(f"baseline:  {args.baseline} ({base.started}, sparkgate {base.suite.version})")
+    print(f"candidate: {args.candidate} ({cand.started}, sparkgate {cand.suite.version})")
+    print(report(result, args.tolerance), end="")
+    return 1 if result.regressed else 0
+
+
+def table_of(args: argparse.Namespace) -> int:
+    from .table import render
+
+    loaded = [_load_or_say(p) for p in args.files]
+    if any(r is None for r in loaded):
+        return 2
+    try:
+        text = render(loaded, args.format)
+    except ValueError as exc:
+        print(f"sparkgate: {exc}", file=sys.stderr)
+        return 2
+    if args.output:
+        args.output.write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+def validate_files(args: argparse.Namespace) -> int:
+    from .results import problems
+
+    bad = 0
+    for path in args.files:
+        r = _load_or_say(path)
+        found = problems(r) if r is not None else ["not readable (above)"]
+        if found:
+            bad += 1
+            print(f"{path}: NOT valid for submission")
+            print("\n".join(f"  {p}" for p in found))
+        else:
+            print(f"{path}: valid (schema {r.schema_version}, {len(r.recipes)} recipe(s), {len(r.checks)} checks, "
+                  f"{len(r.measurements)} figures)")
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["run"]:  # everything after `run` is pytest's (and the plugin's) to read
@@ -86,12 +171,26 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--recipes-dir", default=str(RECIPES_DIR), metavar="DIR",
                        help=f"where recipes are read from (default: {RECIPES_DIR})")
     sub.add_parser("results-schema", help="print the JSON Schema of --results-json files")
+    cmp = sub.add_parser("compare", help="two results files side by side; exit 1 on a regression",
+                         description=compare_doc())
+    cmp.add_argument("baseline", type=Path)
+    cmp.add_argument("candidate", type=Path)
+    cmp.add_argument("--tolerance", type=float, default=TOLERANCE_PCT, metavar="PCT",
+                     help=f"the smallest drop that counts, in percent (default {TOLERANCE_PCT:g})")
+    tab = sub.add_parser("table", help="many results files as one table")
+    tab.add_argument("files", type=Path, nargs="+", metavar="FILE")
+    tab.add_argument("--format", default="md", choices=FORMATS, help="(default: md)")
+    tab.add_argument("-o", "--output", type=Path, default=None, metavar="PATH", help="(default: the terminal)")
+    val = sub.add_parser("validate", help="schema, completeness and method versions, before submitting")
+    val.add_argument("files", type=Path, nargs="+", metavar="FILE")
     args = parser.parse_args(argv)
     if args.cmd == "results-schema":
         from .results import Results
 
         print(json.dumps(Results.model_json_schema(), indent=2))
         return 0
+    if args.cmd in ("compare", "table", "validate"):
+        return {"compare": compare_files, "table": table_of, "validate": validate_files}[args.cmd](args)
     try:
         all_recipes = load_recipes(Path(args.recipes_dir))
     except RecipeError as exc:

@@ -62,6 +62,7 @@ class HostFacts(BaseModel):
     kernel: str
     os: str
     cpus: int
+    cpu_model: str = ""  # lscpu's "Model name"
     mem_total_bytes: int
     mem_available_bytes: int
     nvidia_smi: str | None = None  # path, None when not installed
@@ -212,6 +213,12 @@ def parse_docker_stats(text: str) -> list[Container]:
     return found
 
 
+def parse_lscpu_model(text: str) -> str:
+    """lscpu's "Model name" lines (a GB10 has two kinds of cores: Cortex-X925 and Cortex-A725), joined."""
+    names = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.strip().startswith("Model name:")]
+    return " + ".join(dict.fromkeys(names))
+
+
 def parse_sb_state(text: str) -> bool | None:
     """`mokutil --sb-state`: 'SecureBoot enabled' / 'SecureBoot disabled' (anything else: unknown)."""
     if "SecureBoot enabled" in text:
@@ -250,6 +257,7 @@ def gather(host: Any, target: str) -> HostFacts:
         kernel=out("uname -r"),
         os=parse_os_release(host.file("/etc/os-release").content_string),
         cpus=int(out("nproc")),
+        cpu_model=parse_lscpu_model(host.run("lscpu").stdout),
         mem_total_bytes=meminfo["MemTotal"],
         mem_available_bytes=meminfo["MemAvailable"],
         nvidia_smi=host.find_command("nvidia-smi") if host.exists("nvidia-smi") else None,

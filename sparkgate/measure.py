@@ -16,11 +16,11 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from httpx_sse import SSEError, aconnect_sse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .stream import Assembled, StreamError
 
@@ -70,6 +70,12 @@ class RequestRecord(BaseModel):
         return (n - 1) / span if span > 0 else None
 
     @property
+    def itl_ms(self) -> float | None:
+        """Mean inter-token latency: the time between tokens once the first has come (1000 / decode)."""
+        rate = self.decode_tok_s
+        return 1000 / rate if rate else None
+
+    @property
     def prefill_tok_s(self) -> float | None:
         ttft = self.ttft_s
         return self.prompt_tokens / ttft if self.prompt_tokens and ttft else None
@@ -80,16 +86,51 @@ def method_of(records: list[RequestRecord]) -> str:
     return METHOD_TOKENIZER if any(r.counted_by == "tokenizer" for r in records) else METHOD
 
 
+class Shape(BaseModel):
+    """What was sent, as typed fields: two figures compare only when their shapes are equal."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt: str = Field(description="the prompt class (short prose and code, filler, ...)")
+    prompt_tokens: int | None = Field(None, description="prompt length in tokens, where it was sized")
+    max_tokens: int | None = None
+    min_tokens: int | None = Field(None, description="forced length (with ignore_eos)")
+    ignore_eos: bool = False
+    concurrency: int = 1
+    cache: Literal["cold", "warm", "defeated"] | None = Field(None, description="prefix cache state of the prompt")
+    thinking: Literal["on", "off"] | None = None
+    temperature: float | None = None
+    duration_s: float | None = Field(None, description="closed-loop load: how long it was held")
+    requests: int | None = Field(None, description="how many requests a single-valued figure summarises")
+
+    def key(self) -> str:
+        """A stable text of the shape, for matching figures across files."""
+        return self.model_dump_json(exclude_none=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100), linear between the closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    lo = int(rank)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
 class Figure(BaseModel):
-    """A measured quantity with everything needed to compare it: n, mean, std, raw values, shape, method."""
+    """A measured quantity with everything needed to compare it: n, mean, std, percentiles, raw values, shape,
+    method."""
 
     name: str
     unit: str
     n: int
     mean: float
     std: float = Field(description="sample standard deviation (n-1); 0 when n == 1")
+    p50: float
+    p90: float
+    p99: float
     raw: list[float]
-    shape: dict[str, Any]
+    shape: Shape
     method: str = METHOD
     roofline: float | None = Field(None, description="decode ceiling of the profile, same unit; None: unknown")
 
@@ -97,14 +138,20 @@ class Figure(BaseModel):
     def roofline_share(self) -> float | None:
         return self.mean / self.roofline if self.roofline else None
 
+    @property
+    def higher_is_better(self) -> bool:
+        """Speeds and rates rise when things improve; times (s, ms) fall."""
+        return self.unit not in ("s", "ms")
+
     @classmethod
-    def of(cls, name: str, unit: str, values: list[float], shape: dict[str, Any],
+    def of(cls, name: str, unit: str, values: list[float], shape: Shape | dict[str, Any],
            roofline: float | None = None, method: str = METHOD) -> Figure:
         if not values:
             raise ValueError(f"no values to make {name} from")
         std = statistics.stdev(values) if len(values) > 1 else 0.0
         return cls(name=name, unit=unit, n=len(values), mean=statistics.fmean(values), std=std,
-                   raw=values, shape=shape, roofline=roofline, method=method)
+                   p50=percentile(values, 50), p90=percentile(values, 90), p99=percentile(values, 99),
+                   raw=values, shape=Shape.model_validate(shape), roofline=roofline, method=method)
 
     def __str__(self) -> str:
         text = f"{self.name} {self.mean:.2f} +/- {self.std:.2f} {self.unit} (n={self.n}, sample std)"

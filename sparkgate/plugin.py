@@ -25,8 +25,8 @@ from .launch.docker_launcher import HostSide, undo
 from .measure import Figure
 from .recipes import RECIPES_DIR, Profile, Recipe, RecipeError, load_profiles, load_recipes
 from .redact import mask
-from .report import Measured, Outcome, summary_html, summary_markdown
-from .results import ResultsFile
+from .report import summary_html, summary_markdown
+from .results import CheckResult, Measurement, Results, ResultsFile, Submitter, load
 from .shipped import LAYERS, layer_of
 from .target import open_host
 
@@ -58,13 +58,23 @@ class State:
         self.not_matching: list[Recipe] = []
         self._host: Any = None
         self._facts: HostFacts | None = None
-        self.results = ResultsFile(Path(opt.sg_results_json)) if opt.sg_results_json else None
+        # What the run measured and found, kept as it goes (and written as it goes with --results-json).
+        self.results = ResultsFile(Path(opt.sg_results_json) if opt.sg_results_json else None,
+                                   Submitter(name=opt.sg_submitter, notes=opt.sg_notes))
+        self.baseline: Results | None = None
+        if opt.sg_baseline:
+            try:
+                self.baseline = load(Path(opt.sg_baseline))
+            except (OSError, ValueError) as exc:
+                raise pytest.UsageError(f"--baseline {opt.sg_baseline}: not a readable sparkgate results file: "
+                                        f"{str(exc).splitlines()[0]} (`sparkgate validate FILE` says what is "
+                                        "wrong)") from None
+        if opt.sg_image:
+            self.override_image(opt.sg_image)
         self.start_errors: dict[str, str] = {}
         self._docker: DockerEngine | None = None
         self.lock: HostLock | None = None
         self._journal: Journal | None = None
-        self.outcomes: dict[str, Outcome] = {}  # nodeid -> how each check of this run ended
-        self.measured: list[Measured] = []  # every figure, with the floor it was held to
         # Secrets the run knows before it starts: they are masked in everything it writes.
         redact.secret(opt.sg_api_key)
         for r in self.recipes.values():
@@ -122,26 +132,46 @@ class State:
                                              f"restored: {exc}")) from None
             self.journal.clear()
 
-    def record_figure(self, figure: Figure, recipe: Recipe, check: str, floor: float | None = None) -> None:
+    def override_image(self, image: str) -> None:
+        """--image: every docker recipe serves this image instead of its own, for this run only."""
+        docker = {n: r for n, r in self.recipes.items() if r.launcher == "docker"}
+        if processes := [r.name for r in self.selected if r.launcher != "docker" and self.config.option.sg_recipe]:
+            raise pytest.UsageError(f"--image {image}: {', '.join(processes)} runs as a process, not from an image")
+        if not docker:
+            raise pytest.UsageError(f"--image {image}: no docker recipe to serve it (--image replaces a docker "
+                                    "recipe's image; have: " + ", ".join(self.recipes) + ")")
+        for name, r in docker.items():
+            self.recipes[name] = r.model_copy(update={"image": image})
+        self.selected = [self.recipes[r.name] for r in self.selected]
+
+    @property
+    def outcomes(self) -> list[CheckResult]:
+        return self.results.data.checks
+
+    @property
+    def measured(self) -> list[Measurement]:
+        return self.results.data.measurements
+
+    def record_figure(self, figure: Figure, recipe: Recipe, check: str, test: str, floor: float | None = None,
+                      floor_name: str | None = None) -> Measurement:
         """A measured figure, for the report's summary and plots and the results file."""
-        self.measured.append(Measured(recipe.name, check, figure, floor))
-        if self.results:
-            self.results.add(figure, recipe, check, floor)
+        return self.results.add(figure, recipe, check, test, floor, floor_name)
 
     def note_outcome(self, item: pytest.Item, report: pytest.TestReport, check: str) -> None:
         """How a check ended (a failure in setup, call or teardown is its outcome, whatever else happened)."""
-        if (old := self.outcomes.get(item.nodeid)) is not None and old.outcome == "failed":
+        if (old := self.results.check(item.nodeid)) is not None and old.outcome == "failed":
             return
         outcome = "skipped" if report.skipped else "failed" if report.failed else "passed"
         if isinstance(report.longrepr, tuple):
             message = report.longrepr[2].removeprefix("Skipped: ")
         else:
             message = str(report.longrepr or "")
-        self.outcomes[item.nodeid] = Outcome(item.nodeid, check, _recipe_of(item), outcome, mask(message))
+        self.results.set_check(CheckResult(id=check, test=item.nodeid, recipe=_recipe_of(item), outcome=outcome,
+                                           message=mask(message)))
 
     def summary_markdown(self) -> str:
         meta = self.config.stash.get(_metadata_key(), {}) if _metadata_key() else {}
-        return summary_markdown(list(self.outcomes.values()), self.measured, {k: str(v) for k, v in meta.items()})
+        return summary_markdown(self.outcomes, self.measured, {k: str(v) for k, v in meta.items()})
 
     def release(self) -> None:
         if self._docker is not None:
@@ -168,8 +198,7 @@ class State:
                     from None
             if self.config.option.sg_redact:
                 redact_identities(self._facts)
-            if self.results:
-                self.results.set_system(self._facts)
+            self.results.set_system(self._facts)
         return self._facts
 
     def profile(self) -> Profile | None:
@@ -208,8 +237,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="test a server that is already running at URL (e.g. http://spark01:8000); "
                          "start and stop nothing. Needs exactly one --recipe (default: start the recipe)")
     group.addoption("--results-json", dest="sg_results_json", default=None, metavar="PATH",
-                    help="write every measurement and the system facts to PATH as the run goes "
-                         "(default: none)")
+                    help="write every check's outcome, every figure and the system to PATH as the run goes "
+                         "(schema: `sparkgate results-schema`; default: none)")
+    group.addoption("--submitter", dest="sg_submitter", default=None, metavar="NAME",
+                    help="who ran it, for the results file (default: none)")
+    group.addoption("--notes", dest="sg_notes", default=None, metavar="TEXT",
+                    help="anything a reader of the results file should know (default: none)")
+    group.addoption("--image", dest="sg_image", default=None, metavar="REF",
+                    help="serve every docker recipe with this image instead of its own, for this run (the "
+                         "upgrade candidate; default: the recipe's image)")
+    group.addoption("--baseline", dest="sg_baseline", default=None, metavar="FILE",
+                    help="a results file of the last good run: every perf check also fails on a figure "
+                         "significantly worse than there, by `sparkgate compare`'s rule (default: floors only)")
     group.addoption("--repro-dir", dest="sg_repro_dir", action="append", default=None, metavar="DIR",
                     help="more stored request bodies (*.json) to replay on every run, besides the shipped "
                          "ones (repeatable; default: the shipped ones only)")
@@ -512,8 +551,7 @@ def _record_server(srv: Server, state: State) -> None:
                                                        headers=srv.headers).json()["version"])
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         srv.facts.setdefault("vllm_version", "unknown (no /version)")
-    if state.results:
-        state.results.add_recipe(srv.recipe, srv.facts)
+    state.results.add_recipe(srv.recipe, srv.facts)
     r, f = srv.recipe, srv.facts
     if r is not None:  # the report's environment table: what served, exactly
         image = f"{f['image']} ({f.get('image_id', '')[:19]}; {f.get('image_digest') or 'no registry digest'})" \
@@ -551,7 +589,7 @@ def check(request: pytest.FixtureRequest) -> Check:
 
 
 @pytest.fixture(scope="session")
-def results(sparkgate_state: State) -> ResultsFile | None:
+def results(sparkgate_state: State) -> ResultsFile:
     return sparkgate_state.results
 
 
@@ -563,9 +601,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = session.config.stash.get(STATE, None)
     if state is None:
         return
+    if state.outcomes:
+        state.results.finish()
     if session.config.option.sg_summary_md:
         Path(session.config.option.sg_summary_md).write_text(mask(state.summary_markdown()))
-    ran = {o.outcome for o in state.outcomes.values()}
+    ran = {o.outcome for o in state.outcomes}
     if exitstatus == pytest.ExitCode.OK and state.outcomes and not ran & {"passed", "failed"}:
         session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -606,7 +646,7 @@ def pytest_html_results_summary(prefix: list[str], summary: list[str], postfix: 
     """The report opens on the run's summary: figures, failures by cause, plots, skips by reason."""
     state = session.config.stash.get(STATE, None)
     if state is not None and state.outcomes:
-        prefix.append(mask(summary_html(list(state.outcomes.values()), state.measured)))
+        prefix.append(mask(summary_html(state.outcomes, state.measured)))
 
 
 def pytest_html_results_table_html(report: pytest.TestReport, data: list[str]) -> None:

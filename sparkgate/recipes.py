@@ -198,9 +198,17 @@ class Recipe(_Strict):
 
     @property
     def digest(self) -> str:
-        """A hash of what the recipe starts, so results from two boxes can be matched."""
-        blob = json.dumps(self.model_dump(mode="json", exclude={"description"}), sort_keys=True)
+        """A hash of the whole recipe (floors, budgets, everything but where its file lies)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @property
+    def serving_digest(self) -> str:
+        """A hash of only what changes the serving: model, image, entrypoint, mods, env, serve args. Two runs with
+        equal serving digests served the same thing, whatever floors or notes their recipes carry."""
+        what = {"model": self.model.id, "image": self.image, "entrypoint": self.entrypoint, "mods": self.mods,
+                "env": self.env, "serve_args": self.serve_args}
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _load(path: Path, model: type[BaseModel]) -> BaseModel:

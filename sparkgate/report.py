@@ -15,31 +15,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from .measure import Figure
+from .results import CheckResult, Measurement
 
 
-@dataclass
-class Outcome:
-    """One check of one recipe, as it ended."""
-
-    nodeid: str
-    check: str
-    recipe: str | None
-    outcome: str  # passed | failed | skipped
-    message: str = ""  # the failure message or the skip reason
-
-
-@dataclass
-class Measured:
-    recipe: str
-    check: str
-    figure: Figure
-    floor: float | None = None
-
-    @property
-    def verdict(self) -> str:
-        if self.floor is None:
-            return "recorded"
-        return "meets its floor" if self.figure.mean >= self.floor else "BELOW ITS FLOOR"
+def verdict(m: Measurement) -> str:
+    if m.floor is None:
+        return "recorded"
+    met = m.mean >= m.floor if m.higher_is_better else m.mean <= m.floor
+    return "meets its floor" if met else "BELOW ITS FLOOR"
 
 
 @dataclass
@@ -56,26 +39,26 @@ class Cause:
 _SAME = re.compile(r"the same defect as ([A-Z]+-[A-Z-]+)'s")
 
 
-def causes(outcomes: list[Outcome]) -> tuple[list[Cause], list[Outcome]]:
+def causes(outcomes: list[CheckResult]) -> tuple[list[Cause], list[CheckResult]]:
     """The failures grouped: each group under the check that diagnoses its defect; and the failures that stand
     alone."""
     failed = [o for o in outcomes if o.outcome == "failed"]
-    by_check = {(o.recipe, o.check): o for o in failed}
+    by_check = {(o.recipe, o.id): o for o in failed}
     groups: dict[tuple[str | None, str], Cause] = {}
     alone = []
     for o in failed:
         m = _SAME.search(o.message)
         root = (o.recipe, m.group(1)) if m else None
-        if root and root in by_check and root != (o.recipe, o.check):
+        if root and root in by_check and root != (o.recipe, o.id):
             cause = groups.setdefault(root, Cause(root[1], o.recipe, first_line(by_check[root].message)))
-            cause.also.append(o.check)
+            cause.also.append(o.id)
         elif root and root not in by_check:  # the diagnosing check did not run: still one cause, named
             cause = groups.setdefault(root, Cause(root[1], o.recipe, first_line(o.message)))
-            cause.also.append(o.check)
+            cause.also.append(o.id)
         else:
             alone.append(o)
     grouped = set(groups)
-    return list(groups.values()), [o for o in alone if (o.recipe, o.check) not in grouped]
+    return list(groups.values()), [o for o in alone if (o.recipe, o.id) not in grouped]
 
 
 def first_line(message: str) -> str:
@@ -84,21 +67,20 @@ def first_line(message: str) -> str:
     return (lines[0] if lines else "") + (f" ({found})" if found else "")
 
 
-def skips_by_reason(outcomes: list[Outcome]) -> dict[str, list[str]]:
+def skips_by_reason(outcomes: list[CheckResult]) -> dict[str, list[str]]:
     """Skip reason -> the checks skipped for it (a reason shared by many is one line)."""
     groups: dict[str, list[str]] = defaultdict(list)
     for o in outcomes:
         if o.outcome == "skipped":
             reason = re.sub(r"^\[[A-Z-]+\] could not run: ", "", o.message.strip())
-            groups[reason].append(o.check)
+            groups[reason].append(o.id)
     return dict(sorted(groups.items(), key=lambda kv: -len(kv[1])))
 
 
-def _fmt(m: Measured) -> list[str]:
-    f = m.figure
-    share = f"{f.roofline_share:.0%}" if f.roofline_share is not None else ""
+def _fmt(m: Measurement) -> list[str]:
+    share = f"{m.roofline_share:.0%}" if m.roofline_share is not None else ""
     floor = f"{m.floor:g}" if m.floor is not None else ""
-    return [m.recipe, m.check, f.name, f"{f.mean:.2f} ± {f.std:.2f} {f.unit}", str(f.n), floor, m.verdict, share]
+    return [m.recipe, m.check, m.name, f"{m.mean:.2f} ± {m.std:.2f} {m.unit}", str(m.n), floor, verdict(m), share]
 
 
 FIGURE_COLUMNS = ["recipe", "check", "figure", "mean ± std", "n", "floor", "verdict", "roofline share"]
@@ -116,11 +98,10 @@ def _png(fig: object) -> str:
 
 
 def _level(figure: Figure) -> int | None:
-    c = figure.shape.get("concurrency")
-    return int(c) if isinstance(c, int | float) else None
+    return figure.shape.concurrency
 
 
-def plots(measured: list[Measured]) -> dict[str, str]:
+def plots(measured: list[Measurement]) -> dict[str, str]:
     """title -> base64 PNG, for each plot the figures allow (none when the run measured nothing)."""
     import matplotlib
 
@@ -130,12 +111,12 @@ def plots(measured: list[Measured]) -> dict[str, str]:
     out: dict[str, str] = {}
     for recipe in dict.fromkeys(m.recipe for m in measured):
         mine = [m for m in measured if m.recipe == recipe]
-        per_request = [m for m in mine if m.check == "PERF-CONCURRENT" and "per request" in m.figure.name]
-        aggregate = [m for m in mine if m.check == "PERF-CONCURRENT" and "aggregate" in m.figure.name]
+        per_request = [m for m in mine if m.check == "PERF-CONCURRENT" and "per request" in m.name]
+        aggregate = [m for m in mine if m.check == "PERF-CONCURRENT" and "aggregate" in m.name]
         if per_request:
             fig, ax = plt.subplots(figsize=(6.4, 3.4))
-            xs = [_level(m.figure) for m in per_request]
-            ax.errorbar(xs, [m.figure.mean for m in per_request], yerr=[m.figure.std for m in per_request],
+            xs = [_level(m) for m in per_request]
+            ax.errorbar(xs, [m.mean for m in per_request], yerr=[m.std for m in per_request],
                         marker="o", capsize=3, label="decode per request (mean ± std)")
             floors = [(x, m.floor) for x, m in zip(xs, per_request, strict=True) if m.floor is not None]
             if floors:
@@ -146,19 +127,19 @@ def plots(measured: list[Measured]) -> dict[str, str]:
             ax.set_xticks(xs, [str(x) for x in xs])
             if aggregate:
                 twin = ax.twinx()
-                twin.plot([_level(m.figure) for m in aggregate], [m.figure.mean for m in aggregate], "s--",
+                twin.plot([_level(m) for m in aggregate], [m.mean for m in aggregate], "s--",
                           color="grey", label="aggregate (capacity, not a speed)")
                 twin.set_ylabel("tok/s, all requests summed")
                 twin.legend(loc="upper right", fontsize=8)
             ax.legend(loc="lower left", fontsize=8)
             ax.set_title(f"{recipe}: per-request decode under concurrency")
             out[f"{recipe}: decode per request against concurrency"] = _png(fig)
-        sweep = [m for m in mine if m.check == "PERF-CAPACITY" and "decode" in m.figure.name]
-        ttft = {_level(m.figure): m.figure.mean for m in mine if m.check == "PERF-CAPACITY" and "TTFT" in m.figure.name}
+        sweep = [m for m in mine if m.check == "PERF-CAPACITY" and "decode" in m.name]
+        ttft = {_level(m): m.mean for m in mine if m.check == "PERF-CAPACITY" and "TTFT" in m.name}
         if sweep:
             fig, ax = plt.subplots(figsize=(6.4, 3.4))
-            xs = [_level(m.figure) for m in sweep]
-            ax.plot(xs, [m.figure.mean for m in sweep], "o-", label="decode per request")
+            xs = [_level(m) for m in sweep]
+            ax.plot(xs, [m.mean for m in sweep], "o-", label="decode per request")
             if sweep[0].floor is not None:
                 ax.axhline(sweep[0].floor, color="crimson", linestyle=":", label="usable")
             ax.set_xscale("log", base=2)
@@ -173,14 +154,14 @@ def plots(measured: list[Measured]) -> dict[str, str]:
             ax.legend(loc="lower left", fontsize=8)
             ax.set_title(f"{recipe}: capacity sweep")
             out[f"{recipe}: capacity sweep with time to first token"] = _png(fig)
-        rated = [m for m in mine if m.figure.unit == "tok/s" and m.figure.roofline and "aggregate" not in m.figure.name
+        rated = [m for m in mine if m.unit == "tok/s" and m.roofline and "aggregate" not in m.name
                  and m.check in ("PERF-NATURAL", "PERF-CONCURRENT", "PERF-FORCED", "PERF-LONG-DECODE")]
         if rated:
             fig, ax = plt.subplots(figsize=(6.4, 3.4))
             for i, m in enumerate(rated):
-                ax.scatter(m.figure.raw, [i] * len(m.figure.raw), alpha=0.7)
-            ax.axvline(rated[0].figure.roofline, color="black", linestyle="--", label="roofline (memory bandwidth)")
-            ax.set_yticks(range(len(rated)), [m.figure.name for m in rated], fontsize=7)
+                ax.scatter(m.raw, [i] * len(m.raw), alpha=0.7)
+            ax.axvline(rated[0].roofline, color="black", linestyle="--", label="roofline (memory bandwidth)")
+            ax.set_yticks(range(len(rated)), [m.name for m in rated], fontsize=7)
             ax.set_xlabel("tok/s per request (every request)")
             ax.legend(fontsize=8)
             ax.set_title(f"{recipe}: per-request decode against the roofline")
@@ -204,7 +185,7 @@ padding:3px 6px;text-align:left}.sparkgate-table th{background:#eee}.sparkgate-c
 </style>"""
 
 
-def summary_html(outcomes: list[Outcome], measured: list[Measured]) -> str:
+def summary_html(outcomes: list[CheckResult], measured: list[Measurement]) -> str:
     """The section that opens the report."""
     counts = {k: sum(1 for o in outcomes if o.outcome == k) for k in ("passed", "failed", "skipped")}
     parts = [STYLE, '<div class="sparkgate-summary" id="sparkgate-summary">',
@@ -218,7 +199,7 @@ def summary_html(outcomes: list[Outcome], measured: list[Measured]) -> str:
                          f"{' on ' + html.escape(c.recipe) if c.recipe else ''}: {html.escape(c.what)}; it also "
                          f"fails {html.escape(', '.join(dict.fromkeys(c.also)))}</li>")
         for o in alone:
-            parts.append(f"<li><b>{html.escape(o.check)}</b>{' on ' + html.escape(o.recipe) if o.recipe else ''}: "
+            parts.append(f"<li><b>{html.escape(o.id)}</b>{' on ' + html.escape(o.recipe) if o.recipe else ''}: "
                          f"{html.escape(first_line(o.message))}</li>")
         parts.append("</ul>")
     if measured:
@@ -239,7 +220,7 @@ def summary_html(outcomes: list[Outcome], measured: list[Measured]) -> str:
     return "".join(parts)
 
 
-def summary_markdown(outcomes: list[Outcome], measured: list[Measured], env: dict[str, str]) -> str:
+def summary_markdown(outcomes: list[CheckResult], measured: list[Measurement], env: dict[str, str]) -> str:
     """The same, short enough to paste into an issue."""
     counts = {k: sum(1 for o in outcomes if o.outcome == k) for k in ("passed", "failed", "skipped")}
     lines = [f"## sparkgate: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} could not run",
@@ -249,7 +230,7 @@ def summary_markdown(outcomes: list[Outcome], measured: list[Measured], env: dic
         lines += ["### Failures", ""]
         lines += [f"- **One cause, diagnosed by {c.check}**{' on ' + c.recipe if c.recipe else ''}: {c.what}; it "
                   f"also fails {', '.join(dict.fromkeys(c.also))}" for c in grouped]
-        lines += [f"- **{o.check}**{' on ' + o.recipe if o.recipe else ''}: {first_line(o.message)}" for o in alone]
+        lines += [f"- **{o.id}**{' on ' + o.recipe if o.recipe else ''}: {first_line(o.message)}" for o in alone]
         lines.append("")
     if measured:
         lines += ["### Figures", "", "| " + " | ".join(FIGURE_COLUMNS) + " |",

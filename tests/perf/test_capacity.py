@@ -28,6 +28,7 @@ def test_capacity_sweep_reports_the_largest_usable_concurrency(check, target, re
     usable = request.config.getoption("sg_usable_tok_s")
     floor = recipe.floors.get("usable_decode")
     usable = floor.min if floor else usable
+    held_to = "usable_decode" if floor else usable  # the recipe's floor by name, else --usable-tok-s
     prompts = PROSE + CODE
     asyncio.run(burst(target, [chat(recipe, prompts[0], 16)]))  # warm-up, discarded
     # Requests past --max-num-seqs queue, which users feel too (TTFT); one doubling past it shows that.
@@ -39,7 +40,7 @@ def test_capacity_sweep_reports_the_largest_usable_concurrency(check, target, re
                                                                 for i in range(level)])),
                             f"request at {level} concurrent")
         figure = record(Figure.of(f"capacity sweep: decode per request at {level} concurrent", "tok/s",
-                                  [r.decode_tok_s for r in records], shape, roofline), usable)
+                                  [r.decode_tok_s for r in records], shape, roofline), held_to)
         ttft = max(r.ttft_s or 0 for r in records)
         record(Figure.of(f"capacity sweep: worst TTFT at {level} concurrent", "s", [ttft], shape))
         rows.append(f"{level}: {figure.mean:.1f} tok/s per request, {aggregate_tok_s(records):.1f} aggregate, "

@@ -93,7 +93,7 @@ def test_speculative_decoding_accepts_drafts(check, recipe, counted, record):
                      f"{recipe.name}: " + ("speculative decoding is not running" if not drafts
                                            else "every draft was rejected"))
     rate = accepted / drafts
-    record(Figure.of("draft acceptance rate", "ratio", [rate], shape))
+    record(Figure.of("draft acceptance rate", "ratio", [rate], shape), "spec_acceptance")
     floor = recipe.floors.get("spec_acceptance")
     if floor is None:
         check.cannot_run(f"recipe {recipe.name} declares no spec_acceptance floor (rate {rate:.2f} recorded; the "

@@ -27,7 +27,7 @@ def test_sustained_load_keeps_every_stream_at_its_floor(check, target, recipe, r
              "temperature": 0.3, "concurrency": streams, "duration_s": DURATION_S}
     floor = recipe.floors.get("sustained_decode")
     figure = record(Figure.of(f"sustained decode per request at {streams} streams", "tok/s",
-                              [r.decode_tok_s for r in records], shape, roofline), floor)
+                              [r.decode_tok_s for r in records], shape, roofline), "sustained_decode")
     # Capacity, for planning: reported, never a floor (a sum over users is no one's speed).
     record(Figure.of(f"sustained aggregate at {streams} streams (capacity, not a speed)", "tok/s",
                      [aggregate_tok_s(records)], shape))

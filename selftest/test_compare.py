@@ -1,0 +1,201 @@
+"""Results that compare: two runs of one server, the same engine slowed down, a check newly failing; many files as
+one table; llama-benchy's formats read beside llama-benchy's own; the upgrade gate in one pytest command.
+
+All against the session's embedded server (the real vLLM engine on the CPU). The slowed engine is that same server
+held to half of this machine's CPU time by a cgroup quota: a real slowdown, of every figure at once.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from sparkgate.table import read_llama_benchy
+from sparkgate.workloads import FILLER
+
+from .conftest import cpu_quota, server_group
+from .test_suite import ARTIFACTS, ROOT, TESTS
+
+# The figures an upgrade gate holds most dearly, each over several requests: ~1.5 min a run here.
+SELECTION = "forced or concurrency"
+DECODE_FIGURES = ["forced-length decode, per request (not a feel figure)", "decode per request at 1 concurrent",
+                  "decode per request at 4 concurrent", "inter-token latency at 1 concurrent",
+                  "inter-token latency at 4 concurrent"]
+
+
+def suite(srv, results, *args):
+    """The perf checks of SELECTION against `srv`, as an operator runs them, their results kept in `results`."""
+    return subprocess.run([sys.executable, "-m", "pytest", TESTS, "-p", "no:cacheprovider", "-rA", "-s", "-m", "perf",
+                           "--recipe=smollm2-cpu", f"--base-url={srv.base_url}", "-k", SELECTION,
+                           f"--results-json={results}", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=1200)
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "sparkgate.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def runs(embedded_server, tmp_path_factory):
+    """before: the good engine; again: the same engine, gated on before; slowed: the engine held to half the CPU,
+    gated on before. (name -> (results file, the pytest run))."""
+    d = tmp_path_factory.mktemp("runs")
+    out = {"before": (d / "before.json", suite(embedded_server, d / "before.json", "--submitter=selftest",
+                                               "--notes=the good engine"))}
+    assert out["before"][1].returncode == 0, out["before"][1].stdout[-3000:]
+    gate = f"--baseline={d / 'before.json'}"
+    out["again"] = (d / "again.json", suite(embedded_server, d / "again.json", gate))
+    with cpu_quota(server_group(embedded_server), (os.cpu_count() or 2) / 2):
+        out["slowed"] = (d / "slowed.json", suite(embedded_server, d / "slowed.json", gate))
+    return out
+
+
+def test_a_second_run_of_the_same_engine_passes_the_baseline_gate(runs):
+    _, run = runs["again"]
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "against the baseline: smollm2-cpu [PERF-FORCED] forced-length decode" in run.stdout
+
+
+def test_two_runs_of_one_server_compare_green(runs):
+    result = cli("compare", runs["before"][0], runs["again"][0])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no regression: no figure worse by more than 5% beyond the noise" in result.stdout
+
+
+def test_the_baseline_gate_turns_a_slowed_engine_red_in_one_command(runs):
+    """The slowed engine still meets its floors (35% of the measured figures): only the baseline catches it."""
+    _, run = runs["slowed"]
+    assert run.returncode == 1, run.stdout[-4000:]
+    failed = [line for line in run.stdout.splitlines() if line.startswith("FAILED ")]
+    assert len(failed) == 2 and all("forced" in f or "concurrency" in f for f in failed), failed
+    assert run.stdout.count("significantly worse than in the baseline") == 2, run.stdout[-6000:]
+    for name in DECODE_FIGURES:
+        assert f"{name}: " in run.stdout.split("= FAILURES =")[1], name
+    assert "BELOW ITS FLOOR" not in run.stdout and "expected: every level at or above its floor" not in run.stdout
+
+
+def test_a_slowed_engine_compares_red_on_every_decode_figure_naming_each(runs):
+    result = cli("compare", runs["before"][0], runs["slowed"][0])
+    assert result.returncode == 1, result.stdout + result.stderr
+    head = result.stdout.split("\n\n")[0]
+    assert "REGRESSED: " in head, result.stdout
+    for name in DECODE_FIGURES:
+        assert f"[{'PERF-FORCED' if 'forced' in name else 'PERF-CONCURRENT'}] {name}: " in head, (name, head)
+    assert "confidence" in head
+
+
+def test_a_check_newly_failing_compares_red(runs, tmp_path):
+    data = json.loads(runs["again"][0].read_text())
+    forced = next(c for c in data["checks"] if c["id"] == "PERF-FORCED")
+    forced.update(outcome="failed", message="[PERF-FORCED] A forced-length request MUST return exactly ...")
+    candidate = tmp_path / "candidate.json"
+    candidate.write_text(json.dumps(data))
+    result = cli("compare", runs["before"][0], candidate)
+    assert result.returncode == 1
+    assert "1 check(s) newly failing" in result.stdout and "newly failing: PERF-FORCED (tests/perf/" in result.stdout
+
+
+def test_files_that_measured_differently_are_refused_with_the_reason(runs, tmp_path):
+    data = json.loads(runs["again"][0].read_text())
+    for m in data["measurements"]:
+        if m["check"] == "PERF-FORCED":
+            m["shape"]["max_tokens"] = m["shape"]["min_tokens"] = 64
+    candidate = tmp_path / "candidate.json"
+    candidate.write_text(json.dumps(data))
+    result = cli("compare", runs["before"][0], candidate)
+    assert result.returncode == 2
+    assert "do not compare: these figures were measured differently" in result.stderr
+    assert '"max_tokens":128' in result.stderr and '"max_tokens":64' in result.stderr
+
+
+def test_validate_names_what_keeps_a_file_from_being_a_submission(runs, tmp_path):
+    before = runs["before"][0]
+    partial = cli("validate", before)  # -k forced or concurrency: most floors were never measured
+    assert partial.returncode == 1
+    assert "smollm2-cpu: no figure for its natural_decode floor (PERF-NATURAL did not run)" in partial.stdout
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(before.read_text()[:2000])
+    result = cli("validate", truncated)
+    assert result.returncode == 1 and "is not a sparkgate results file" in result.stderr, result.stderr
+    data = json.loads(before.read_text())
+    data["measurements"][0]["method"] = "sparkgate.stream/0: decode=N/t_total"
+    other = tmp_path / "other-method.json"
+    other.write_text(json.dumps(data))
+    result = cli("validate", other)
+    assert result.returncode == 1
+    assert "method 'sparkgate.stream/0: decode=N/t_total' is not one this sparkgate measures with" in result.stdout
+
+
+def test_many_files_make_one_table_in_markdown_csv_and_html(runs, tmp_path):
+    files = [runs[k][0] for k in ("before", "again", "slowed")]
+    md = cli("table", *files)
+    assert md.returncode == 0, md.stderr
+    lines = md.stdout.splitlines()
+    assert len(lines) == 2 + 3 and lines[0].startswith("| system | gpu | driver | recipe | image | vLLM |")
+    assert "| smollm2-cpu | (process) |" in lines[2] and "selftest" in lines[2]
+    rows = list(csv.DictReader(io.StringIO(cli("table", "--format", "csv", *files).stdout)))
+    assert len(rows) == 3 and all(r["forced-length decode (tok/s)"].endswith("(n=3)") for r in rows), rows
+    page = tmp_path / "table.html"
+    assert cli("table", "--format", "html", "-o", page, *files).returncode == 0
+    _look_at_the_table(page)
+
+
+def _look_at_the_table(page_file):
+    browser = shutil.which("chromium")
+    if browser is None:
+        pytest.skip("no chromium: the table was written but not opened (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=browser, args=["--no-sandbox", "--disable-gpu"])
+        page = chromium.new_page(viewport={"width": 1600, "height": 600})
+        page.goto(page_file.as_uri())
+        assert page.is_visible("#results")
+        assert page.locator("#results tbody tr").count() == 3
+        assert "decode @4 per request (tok/s)" in page.inner_text("#results thead")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "table.png"), full_page=True)
+        chromium.close()
+
+
+def test_llama_benchy_and_sparkgate_write_one_format_read_by_one_reader(runs, embedded_server, tmp_path):
+    """llama-benchy itself (from PyPI) against the same server, on PERF-FORCED's shape (128 tokens, exactly), and
+    sparkgate's figures in llama-benchy's CSV and JSON: one reader reads both, and the speeds agree."""
+    home = tmp_path / "home"  # llama-benchy reads its prompts from a book it downloads once: give it one
+    book = "https://www.gutenberg.org/files/1661/1661-0.txt"  # its default --book-url (nothing is downloaded)
+    cache = home / ".cache" / "llama-benchy"
+    cache.mkdir(parents=True)
+    (cache / f"{hashlib.md5(book.encode()).hexdigest()}.txt").write_text(FILLER * 400)
+    theirs = tmp_path / "llama-benchy.csv"
+    run = subprocess.run([sys.executable, "-m", "llama_benchy", "--base-url", f"{embedded_server.base_url}/v1",
+                          "--model", "smollm2-135m-instruct", "--tokenizer", str(ROOT / ".cache/models/smollm2"),
+                          "--pp", "64", "--tg", "128", "--exact-tg", "--runs", "3", "--latency-mode", "none",
+                          "--skip-coherence", "--format", "csv", "--save-result", str(theirs)],
+                         env={**os.environ, "HOME": str(home)}, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    ours = tmp_path / "sparkgate.csv"
+    assert cli("table", "--format", "llama-benchy-csv", "-o", ours, runs["before"][0]).returncode == 0
+    ours_json = cli("table", "--format", "llama-benchy-json", runs["before"][0]).stdout
+    from llama_benchy.results import BenchmarkReport
+
+    BenchmarkReport.model_validate_json(ours_json)  # llama-benchy's own schema of its JSON
+    (tmp_path / "sparkgate.json").write_text(ours_json)
+
+    def tg128(rows):
+        return next(r for r in rows if r.test == "tg128" and r.concurrency == 1 and not r.depth)
+
+    theirs_row, ours_row = tg128(read_llama_benchy(theirs)), tg128(read_llama_benchy(ours))
+    assert tg128(read_llama_benchy(tmp_path / "sparkgate.json")).t_s_req.mean == pytest.approx(ours_row.t_s_req.mean)
+    ratio = ours_row.t_s_req.mean / theirs_row.t_s_req.mean
+    print(f"tg128 per request: sparkgate {ours_row.t_s_req.mean:.2f} t/s, llama-benchy {theirs_row.t_s_req.mean:.2f} "
+          f"t/s (ratio {ratio:.2f})")
+    assert 0.7 < ratio < 1.4, (ours_row, theirs_row)

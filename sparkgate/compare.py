@@ -1,0 +1,147 @@
+"""Two results files side by side: which figures regressed, by how much, with what confidence, and which checks
+newly fail. One rule, used by `sparkgate compare` and by a run's `--baseline` alike:
+
+A figure regressed when it moved the wrong way (down for a speed, up for a time) by more than the tolerance AND the
+move is beyond the noise of both samples: Welch's t-test on the raw values (scipy), one-sided, at p < ALPHA. A bare
+ratio of means would cry wolf on every noisy pair; a test alone would flag drops too small to matter. A figure of one
+value (an aggregate, a server-side counter) cannot be tested and is shown, never judged. A check that passed in the
+baseline and fails in the candidate is a regression.
+
+Figures are matched by recipe, check and name; a pair whose shape or method differs is not comparable, and the
+comparison is refused with the reason rather than judged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .measure import Figure
+from .results import Measurement, Results
+
+TOLERANCE_PCT = 5.0
+ALPHA = 0.01
+
+
+class NotComparable(Exception):
+    """The two files measured different things (shape, method); the message lists them."""
+
+
+@dataclass
+class FigureComparison:
+    recipe: str
+    check: str
+    name: str
+    unit: str
+    base: Figure
+    cand: Figure
+    change: float  # candidate / baseline - 1 (signed)
+    worse_by: float  # how much worse, as a fraction (negative: better)
+    p_value: float | None  # None: not testable (n < 2 on a side, or no spread at all)
+    regressed: bool
+
+    @property
+    def verdict(self) -> str:
+        if self.regressed:
+            return "REGRESSED"
+        if self.p_value is None:
+            return "not tested (one value)"
+        return "no significant change"
+
+    def describe(self) -> str:
+        conf = f", confidence {1 - self.p_value:.1%} (p={self.p_value:.2g})" if self.p_value is not None else ""
+        return (f"{self.recipe} [{self.check}] {self.name}: {self.base.mean:.2f} -> {self.cand.mean:.2f} {self.unit} "
+                f"({self.change:+.1%}{conf})")
+
+
+@dataclass
+class Comparison:
+    figures: list[FigureComparison] = field(default_factory=list)
+    new_failures: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # in the baseline, absent from the candidate
+
+    @property
+    def regressions(self) -> list[FigureComparison]:
+        return [f for f in self.figures if f.regressed]
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.regressions or self.new_failures)
+
+
+def p_worse(base: list[float], cand: list[float], higher_is_better: bool) -> float | None:
+    """One-sided Welch's t-test: the probability of a move this far the wrong way if nothing changed."""
+    if len(base) < 2 or len(cand) < 2:
+        return None
+    from scipy import stats
+
+    if max(base) == min(base) and max(cand) == min(cand):  # no spread at all: the test is undefined
+        return None
+    result = stats.ttest_ind(cand, base, equal_var=False, alternative="less" if higher_is_better else "greater")
+    p = float(result.pvalue)
+    return None if math.isnan(p) else p
+
+
+def compare_figure(base: Measurement, cand: Measurement, tolerance_pct: float = TOLERANCE_PCT,
+                   alpha: float = ALPHA) -> FigureComparison:
+    change = cand.mean / base.mean - 1 if base.mean else 0.0
+    worse_by = -change if base.higher_is_better else change
+    p = p_worse(base.raw, cand.raw, base.higher_is_better)
+    regressed = p is not None and p < alpha and worse_by * 100 > tolerance_pct
+    return FigureComparison(base.recipe, base.check, base.name, base.unit, base, cand, change, worse_by, p,
+                            regressed)
+
+
+def key(m: Measurement) -> tuple[str, str, str]:
+    return (m.recipe, m.check, m.name)
+
+
+def compare(base: Results, cand: Results, tolerance_pct: float = TOLERANCE_PCT, alpha: float = ALPHA) -> Comparison:
+    """Every figure of the baseline against the candidate's, and every check that newly fails."""
+    cands = {key(m): m for m in cand.measurements}
+    out = Comparison()
+    mismatched = []
+    for b in base.measurements:
+        c = cands.get(key(b))
+        if c is None:
+            out.missing.append(f"{b.recipe} [{b.check}] {b.name}")
+            continue
+        if b.shape != c.shape:
+            mismatched.append(f"{b.recipe} [{b.check}] {b.name}: shape {b.shape.key()} against {c.shape.key()}")
+        elif b.method != c.method or b.unit != c.unit:
+            mismatched.append(f"{b.recipe} [{b.check}] {b.name}: method {b.method!r} ({b.unit}) against "
+                              f"{c.method!r} ({c.unit})")
+        else:
+            out.figures.append(compare_figure(b, c, tolerance_pct, alpha))
+    if mismatched:
+        raise NotComparable("these figures were measured differently, so their numbers do not compare:\n  "
+                            + "\n  ".join(mismatched))
+    passed = {c.test for c in base.checks if c.outcome == "passed"}
+    out.new_failures = [f"{c.id} ({c.test}): {c.message}" for c in cand.checks
+                        if c.outcome == "failed" and c.test in passed]
+    return out
+
+
+def report(comparison: Comparison, tolerance_pct: float = TOLERANCE_PCT, alpha: float = ALPHA) -> str:
+    """The comparison as a person reads it: the verdict first, then every figure side by side."""
+    lines = []
+    if comparison.regressed:
+        lines.append(f"REGRESSED: {len(comparison.regressions)} figure(s) worse by more than {tolerance_pct:g}% "
+                     f"beyond the noise (Welch's t-test, p < {alpha:g}), {len(comparison.new_failures)} check(s) "
+                     "newly failing")
+        lines += [f"  {f.describe()}" for f in comparison.regressions]
+        lines += [f"  newly failing: {f}" for f in comparison.new_failures]
+    else:
+        lines.append(f"no regression: no figure worse by more than {tolerance_pct:g}% beyond the noise "
+                     f"(p < {alpha:g}), no check newly failing")
+    lines.append("")
+    lines.append(f"{'figure':70} {'baseline':>22} {'candidate':>22} {'change':>8} {'p':>8}  verdict")
+    for f in comparison.figures:
+        b = f"{f.base.mean:.2f} ± {f.base.std:.2f} (n={f.base.n})"
+        c = f"{f.cand.mean:.2f} ± {f.cand.std:.2f} (n={f.cand.n})"
+        p = f"{f.p_value:.2g}" if f.p_value is not None else "-"
+        lines.append(f"{(f.recipe + ' [' + f.check + '] ' + f.name)[:70]:70} {b:>22} {c:>22} {f.change:>+8.1%} "
+                     f"{p:>8}  {f.verdict}")
+    for m in comparison.missing:
+        lines.append(f"{m[:70]:70} only in the baseline")
+    return "\n".join(lines) + "\n"
