@@ -66,16 +66,19 @@ def good(dock):
 # ---- the tests, in the order they run ----------------------------------------------------------------------
 
 def test_a_docker_recipe_starts_passes_and_the_production_container_is_restored(pytester, tmp_path, dock):
-    """The launcher path: a running 'production' container of the recipe's name (another config) is set aside,
-    the recipe's container starts and passes the container checks and a few serving checks, is removed at
+    """The launcher path, as the upgrade gate runs it (`--image` names the candidate; the recipe's own image is
+    not on the engine): a running 'production' container of the recipe's name (another config) is set aside, the
+    recipe's container starts on the --image and passes the container checks and a few serving checks, is removed at
     teardown, and the production container is back up, the same container."""
     prod = dock.client.containers.run(IMAGE, ["sleep", "infinity"], name=NAME, detach=True, init=True,
                                       network_mode="none", restart_policy={"Name": "unless-stopped"})
     try:
         t0 = time.monotonic()
         results = tmp_path / "results.json"
-        result, failed = dock.run_suite(pytester, tmp_path, recipe_data(), "-m", "container or serving",
-                                        "-k", SERVING_SUBSET, f"--results-json={results}")
+        data = recipe_data()
+        data["image"] = "sparkgate/vllm-cpu:not-on-the-engine"
+        result, failed = dock.run_suite(pytester, tmp_path, data, "-m", "container or serving", "-k", SERVING_SUBSET,
+                                        f"--results-json={results}", f"--image={IMAGE}")
         took = time.monotonic() - t0
         out = result.stdout.str()
         assert failed == [] and result.ret == 0, out[-5000:]
@@ -93,7 +96,7 @@ def test_a_docker_recipe_starts_passes_and_the_production_container_is_restored(
         ])
         # What was serving, for comparing boxes: the image by id, vLLM's startup facts from the container's log.
         [run] = Results.model_validate_json(results.read_text()).recipes
-        assert run.server["image"] == IMAGE and run.server["image_id"].startswith("sha256:")
+        assert run.image == IMAGE and run.image_id.startswith("sha256:")
         assert (run.server["version"], run.server["kv_tokens"], run.server["kv_cache_basis"]) == ("0.32.0", "46592",
                                                                                                   "pinned")
         assert run.server["kv_bytes_per_token"] == "23046" and run.server["graph_mode"] == "eager"

@@ -272,6 +272,10 @@ def test_an_unreachable_host_is_one_error_not_one_per_test(pytester):
         (["--recipe=nope"], "--recipe nope: no such recipe"),
         (["--profile=tpu"], "--profile tpu: no such profile"),
         (["--base-url=http://127.0.0.1:9"], "--base-url tests one running server against one recipe"),
+        (["--image=vllm/vllm-openai:new", "--recipe=smollm2-cpu"],
+         "--image vllm/vllm-openai:new: smollm2-cpu runs as a process, not from an image"),
+        (["--baseline=/nonexistent/before.json"], "--baseline /nonexistent/before.json: not a readable sparkgate "
+                                                  "results file"),
     ],
 )
 def test_bad_options_are_usage_errors(pytester, args, message):

@@ -1,8 +1,8 @@
 """Forced length (min_tokens + ignore_eos): identical output lengths, to compare images and engines.
 
 Never "how fast it feels": forcing past the natural stop understated real use by ~45% under MTP in the
-guide. Its latency runs through pytest-benchmark, so `--benchmark-save=NAME` before an upgrade and
-`--benchmark-compare=NAME --benchmark-compare-fail=mean:10%` after it gate the upgrade on a baseline.
+guide. It is the figure an upgrade gate compares first (`--baseline`), and llama-benchy's `tg128 --exact-tg`.
+Its latency also runs through pytest-benchmark, whose own options (`--benchmark-save`, `--benchmark-compare`) apply.
 """
 
 import asyncio
