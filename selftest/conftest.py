@@ -35,6 +35,23 @@ def _import_httpx_fully() -> None:
 _import_httpx_fully()
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "clean_machine: runs this machine's own host checks, so it runs first, "
+                                       "before the session's shared server (another model server here) starts")
+
+
+def pytest_collection_modifyitems(items):
+    """The clean_machine tests first, the tests that share `embedded_server` last: once it serves, this machine
+    (and the test host, which sees its processes) has another model server on it, which HOST-NO-COMPETITOR and
+    the launchers' pre-flight rightly count."""
+    def order(item):
+        if item.get_closest_marker("clean_machine"):
+            return 0
+        return 2 if "embedded_server" in getattr(item, "fixturenames", ()) else 1
+
+    items.sort(key=order)  # stable: within each group, the files' own order
+
+
 @pytest.fixture(scope="session")
 def dock():
     if os.geteuid() != 0:

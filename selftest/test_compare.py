@@ -3,6 +3,10 @@ one table; llama-benchy's formats read beside llama-benchy's own; the upgrade ga
 
 All against the session's embedded server (the real vLLM engine on the CPU). The slowed engine is that same server
 held to half of this machine's CPU time by a cgroup quota: a real slowdown, of every figure at once.
+
+This machine is a shared VM: two runs of one unchanged server drift apart far more than on a Spark, so its gates
+and comparisons use the tolerance its own drift needs (TOLERANCE, from `python -m selftest.false_alarms`), and the
+slowed engine is well beyond it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,10 @@ from .conftest import cpu_quota, server_group
 from .test_suite import ARTIFACTS, ROOT, TESTS
 
 # The figures an upgrade gate holds most dearly, each over several requests: ~1.5 min a run here.
-SELECTION = "forced or concurrency"
+SELECTION = "forced or decode_under_concurrency"
+# The most a figure of this VM got significantly worse between two runs of one unchanged server was 34% (inter-token
+# latency at 4 concurrent, p=0.0056); the engine held to half its CPU is 50-59% slower on every decode figure.
+TOLERANCE = 40
 DECODE_FIGURES = ["forced-length decode, per request (not a feel figure)", "decode per request at 1 concurrent",
                   "decode per request at 4 concurrent", "inter-token latency at 1 concurrent",
                   "inter-token latency at 4 concurrent"]
@@ -52,10 +59,10 @@ def runs(embedded_server, tmp_path_factory):
     out = {"before": (d / "before.json", suite(embedded_server, d / "before.json", "--submitter=selftest",
                                                "--notes=the good engine"))}
     assert out["before"][1].returncode == 0, out["before"][1].stdout[-3000:]
-    gate = f"--baseline={d / 'before.json'}"
-    out["again"] = (d / "again.json", suite(embedded_server, d / "again.json", gate))
+    gate = (f"--baseline={d / 'before.json'}", f"--tolerance={TOLERANCE}")
+    out["again"] = (d / "again.json", suite(embedded_server, d / "again.json", *gate))
     with cpu_quota(server_group(embedded_server), (os.cpu_count() or 2) / 2):
-        out["slowed"] = (d / "slowed.json", suite(embedded_server, d / "slowed.json", gate))
+        out["slowed"] = (d / "slowed.json", suite(embedded_server, d / "slowed.json", *gate))
     return out
 
 
@@ -66,25 +73,28 @@ def test_a_second_run_of_the_same_engine_passes_the_baseline_gate(runs):
 
 
 def test_two_runs_of_one_server_compare_green(runs):
-    result = cli("compare", runs["before"][0], runs["again"][0])
+    result = cli("compare", "--tolerance", TOLERANCE, runs["before"][0], runs["again"][0])
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "no regression: no figure worse by more than 5% beyond the noise" in result.stdout
+    assert f"no regression: no figure worse by more than {TOLERANCE}% beyond the noise" in result.stdout
 
 
 def test_the_baseline_gate_turns_a_slowed_engine_red_in_one_command(runs):
-    """The slowed engine still meets its floors (35% of the measured figures): only the baseline catches it."""
+    """PERF-FORCED holds no speed floor: on the slowed engine only the baseline can turn it red, and does; the gate
+    judges every decode figure REGRESSED, each named."""
     _, run = runs["slowed"]
     assert run.returncode == 1, run.stdout[-4000:]
     failed = [line for line in run.stdout.splitlines() if line.startswith("FAILED ")]
     assert len(failed) == 2 and all("forced" in f or "concurrency" in f for f in failed), failed
-    assert run.stdout.count("significantly worse than in the baseline") == 2, run.stdout[-6000:]
+    forced = run.stdout.split("= FAILURES =")[1].split("test_forced_length_generates_exactly_the_forced_tokens")[1]
+    assert "expected: no figure significantly worse than in the baseline" in forced, forced
+    assert "found:    smollm2-cpu [PERF-FORCED] forced-length decode, per request (not a feel figure): " in forced
+    judged = [line for line in run.stdout.splitlines() if line.strip().startswith("against the baseline: ")]
     for name in DECODE_FIGURES:
-        assert f"{name}: " in run.stdout.split("= FAILURES =")[1], name
-    assert "BELOW ITS FLOOR" not in run.stdout and "expected: every level at or above its floor" not in run.stdout
+        assert any(f"{name}: " in line and line.endswith(": REGRESSED") for line in judged), (name, judged)
 
 
 def test_a_slowed_engine_compares_red_on_every_decode_figure_naming_each(runs):
-    result = cli("compare", runs["before"][0], runs["slowed"][0])
+    result = cli("compare", "--tolerance", TOLERANCE, runs["before"][0], runs["slowed"][0])
     assert result.returncode == 1, result.stdout + result.stderr
     head = result.stdout.split("\n\n")[0]
     assert "REGRESSED: " in head, result.stdout
@@ -99,7 +109,7 @@ def test_a_check_newly_failing_compares_red(runs, tmp_path):
     forced.update(outcome="failed", message="[PERF-FORCED] A forced-length request MUST return exactly ...")
     candidate = tmp_path / "candidate.json"
     candidate.write_text(json.dumps(data))
-    result = cli("compare", runs["before"][0], candidate)
+    result = cli("compare", "--tolerance", TOLERANCE, runs["before"][0], candidate)
     assert result.returncode == 1
     assert "1 check(s) newly failing" in result.stdout and "newly failing: PERF-FORCED (tests/perf/" in result.stdout
 
@@ -143,7 +153,7 @@ def test_many_files_make_one_table_in_markdown_csv_and_html(runs, tmp_path):
     assert len(lines) == 2 + 3 and lines[0].startswith("| system | gpu | driver | recipe | image | vLLM |")
     assert "| smollm2-cpu | (process) |" in lines[2] and "selftest" in lines[2]
     rows = list(csv.DictReader(io.StringIO(cli("table", "--format", "csv", *files).stdout)))
-    assert len(rows) == 3 and all(r["forced-length decode (tok/s)"].endswith("(n=3)") for r in rows), rows
+    assert len(rows) == 3 and all(r["forced-length decode (tok/s)"].endswith("(n=5)") for r in rows), rows
     page = tmp_path / "table.html"
     assert cli("table", "--format", "html", "-o", page, *files).returncode == 0
     _look_at_the_table(page)
@@ -191,7 +201,7 @@ def test_llama_benchy_and_sparkgate_write_one_format_read_by_one_reader(runs, em
     (tmp_path / "sparkgate.json").write_text(ours_json)
 
     def tg128(rows):
-        return next(r for r in rows if r.test == "tg128" and r.concurrency == 1 and not r.depth)
+        return next(r for r in rows.values() if r.test == "tg128" and r.concurrency == 1 and not r.depth)
 
     theirs_row, ours_row = tg128(read_llama_benchy(theirs)), tg128(read_llama_benchy(ours))
     assert tg128(read_llama_benchy(tmp_path / "sparkgate.json")).t_s_req.mean == pytest.approx(ours_row.t_s_req.mean)

@@ -6,11 +6,14 @@ spark01's GPU, driver and tools are stand-ins printing outputs recorded from rea
 
 import os
 import re
+import shutil
 import time
 
 import pytest
+import yaml
 
 from selftest.testhost.spark01 import CANONICAL_SIGNER, HostSpec, TestHost
+from sparkgate.recipes import RECIPES_DIR
 
 from .test_suite import run_suite
 
@@ -104,6 +107,26 @@ def test_a_broken_spark_fails_exactly_the_guarding_check(pytester, variant):
         return
     assert failed == ([guard] if guard else []), result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(lines)
+
+
+def test_a_grant_bigger_than_what_is_free_fails_the_memory_check(pytester, tmp_path):
+    """vLLM will not start unless its --gpu-memory-utilization grant is free (the guide: 'Free memory on device ...
+    is less than desired GPU memory utilization (0.8, 97.35 GiB)'): the 27B's budget fits 100 GiB available, its
+    grant at the guide's 0.85 does not, and HOST-MEM-FREE says so with the most the grant may be."""
+    recipes = tmp_path / "recipes"
+    shutil.copytree(RECIPES_DIR, recipes)
+    path = recipes / "qwen38-27b-nvfp4.yaml"
+    data = yaml.safe_load(path.read_text())
+    args = data["serve_args"]
+    args[args.index("--gpu-memory-utilization") + 1] = "0.85"
+    path.write_text(yaml.safe_dump(data))
+    with TestHost(HostSpec(mem_available_kb=100 * 1024**2)) as host:
+        result, failed = host_layer(pytester, host, "-k", "mem", f"--recipes-dir={recipes}",
+                                    "--recipe=qwen38-27b-nvfp4")
+    assert failed == ["HOST-MEM-FREE"], result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*MemAvailable 100.0 GiB; qwen38-27b-nvfp4 needs 47.6 GiB*, and vLLM will not start "
+                                 "unless its --gpu-memory-utilization grant is free: 0.85 x 121.69 = 103.4 GiB*"
+                                 "lower --gpu-memory-utilization to at most 0.82*"])
 
 
 def test_a_host_without_docker_fails_the_docker_check_for_docker_recipes(pytester):

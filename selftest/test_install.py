@@ -16,7 +16,9 @@ import pytest
 
 from .test_suite import ROOT
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="checks the local host as root, like the other self-tests")
+# The whole module runs first (one wheel, one virtualenv), on a clean machine: it runs this machine's host checks.
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="checks the local host as root, like the other self-tests"),
+              pytest.mark.clean_machine]
 
 
 @pytest.fixture(scope="module")

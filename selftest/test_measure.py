@@ -75,7 +75,8 @@ def test_decode_and_ttft_match_the_reference_schedule_within_one_percent(referen
 def test_aggregate_is_the_sum_over_streams_not_a_per_request_speed(reference):
     """Four streams at 50 tok/s each MUST read as ~50 tok/s per request and ~200 tok/s aggregate."""
     records, _ = timed(reference, 50, 0.05, 0.02, streams=4)
-    per_request = Figure.of("decode", "tok/s", [r.decode_tok_s for r in records], {})
+    per_request = Figure.of("decode", "tok/s", [r.decode_tok_s for r in records],
+                             {"prompt": "scheduled", "concurrency": 4})
     aggregate = aggregate_tok_s(records)
     print(f"per request {per_request}; aggregate {aggregate:.1f} tok/s")
     assert per_request.mean == pytest.approx(50, rel=0.02)

@@ -73,8 +73,9 @@ def odd():
 def test_llama_cpps_server_is_measured_with_the_tokenizer_and_its_missing_metrics_could_not_run(
         pytester, tmp_path, llama_cpp):
     results = tmp_path / "results.json"
-    # The floor is the vLLM engine's; llama.cpp on this CPU is held to 1 tok/s: what is proven is the timing.
-    recipes = broken_recipe(tmp_path, lambda d: d["floors"]["natural_decode"].update(min=1))
+    # The floor is the vLLM engine's; llama.cpp on this CPU is held to 0.7 tok/s (35% of 2): what is proven is
+    # the timing.
+    recipes = broken_recipe(tmp_path, lambda d: d["floors"]["natural_decode"].update(figure=2))
     result = run_suite(pytester, "-m", "perf", "--recipe=smollm2-cpu", f"--recipes-dir={recipes}",
                        f"--base-url={llama_cpp}", "-k", "natural or server_count or inter_token",
                        f"--results-json={results}")

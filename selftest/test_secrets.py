@@ -70,7 +70,8 @@ def test_a_server_with_an_api_key_is_tested_with_it_and_no_output_carries_a_secr
 
 def test_the_competing_server_message_masks_its_key(pytester, planted):
     recipes, _ = planted
-    result = run_suite(pytester, "-m", "host", "--recipe=planted", f"--recipes-dir={recipes}", "-k", "competitor")
+    result = run_suite(pytester, "-m", "host", "--recipe=planted", f"--recipes-dir={recipes}",
+                       "-k", "other_model_server")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*[[]HOST-NO-COMPETITOR[]]*", "*--api-key **** *"])
     no_secret("the HOST-NO-COMPETITOR message", result.stdout.str())

@@ -20,7 +20,7 @@ from sparkgate.hostfacts import parse_meminfo
 from sparkgate.recipes import RECIPES_DIR, load_recipes
 from sparkgate.results import Results
 
-from .conftest import EMBEDDED_PORT, cpu_quota, embedded_recipe_dir, server_group
+from .conftest import EMBEDDED_PORT, embedded_recipe_dir
 from .terminal import Terminal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +70,7 @@ def passed_in(result, layer):
 ARTIFACTS = ROOT / "selftest-artifacts"  # kept after a CI run: the report's screenshot, the summary
 
 
+@pytest.mark.clean_machine
 def test_the_suite_passes_on_the_embedded_default_and_writes_its_reports(tmp_path):
     """The whole suite, run as an operator runs it: on a terminal, capture on. The progress of the model's start
     shows before its checks' results; the reports hold what was measured."""
@@ -207,7 +208,7 @@ def test_a_served_name_that_is_not_served_fails_the_models_check(pytester, tmp_p
     ("concurrent_4_decode", "decode_under_concurrency", [
         "*[[]PERF-CONCURRENT[]]*", "*expected: every level at or above its floor*",
         "*found:    on smollm2-cpu, short prose and code prompts, max_tokens 250: decode per request at 4 "
-        "concurrent * +/- * tok/s (n=4, sample std)*, expected >= 350000 tok/s (35% of *"]),
+        "concurrent * +/- * tok/s (n=12, sample std)*, expected >= 350000 tok/s (35% of *"]),
 ], ids=["natural", "concurrent"])
 def test_a_floor_the_server_cannot_reach_fails_its_check(pytester, tmp_path, embedded_server, floor, selection, lines):
     recipes = broken_recipe(tmp_path, lambda d: d["floors"][floor].update(figure=1e6))  # a floor of 350,000
@@ -215,16 +216,6 @@ def test_a_floor_the_server_cannot_reach_fails_its_check(pytester, tmp_path, emb
                        f"--base-url={embedded_server.base_url}", "-k", selection)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(lines)
-
-
-def test_a_slowed_engine_fails_the_natural_floor(pytester, embedded_server):
-    """The same engine held to 0.15 of one core (a cgroup CPU quota) must fail its floor, not pass it."""
-    with cpu_quota(server_group(embedded_server), 0.15):
-        result = run_suite(pytester, "-m", "perf", "--recipe=smollm2-cpu", f"--base-url={embedded_server.base_url}",
-                           "-k", "natural")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*[[]PERF-NATURAL[]]*", "*expected: >= * tok/s (35% of * tok/s (measured-here): *",
-                                 "*found:    natural decode, per request * tok/s (n=4, sample std)*on smollm2-cpu*"])
 
 
 def test_the_clients_token_count_equals_the_servers_counter(pytester, embedded_server):
@@ -276,6 +267,7 @@ def test_an_unreachable_host_is_one_error_not_one_per_test(pytester):
          "--image vllm/vllm-openai:new: smollm2-cpu runs as a process, not from an image"),
         (["--baseline=/nonexistent/before.json"], "--baseline /nonexistent/before.json: not a readable sparkgate "
                                                   "results file"),
+        (["--tolerance=-5"], "--tolerance -5: a percentage from 0 up to (not including) 100"),
     ],
 )
 def test_bad_options_are_usage_errors(pytester, args, message):

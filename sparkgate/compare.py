@@ -2,10 +2,13 @@
 newly fail. One rule, used by `sparkgate compare` and by a run's `--baseline` alike:
 
 A figure regressed when it moved the wrong way (down for a speed, up for a time) by more than the tolerance AND the
-move is beyond the noise of both samples: Welch's t-test on the raw values (scipy), one-sided, at p < ALPHA. A bare
-ratio of means would cry wolf on every noisy pair; a test alone would flag drops too small to matter. A figure of one
-value (an aggregate, a server-side counter) cannot be tested and is shown, never judged. A check that passed in the
-baseline and fails in the candidate is a regression.
+move is beyond the noise of both samples: Welch's t-test (scipy), one-sided, at p < ALPHA. A bare ratio of means
+would cry wolf on every noisy pair; a test alone would flag drops too small to matter. The test's samples are the
+independent repetitions: one request at concurrency 1, one round (the mean of its c requests) at concurrency c, since
+the requests of one round share one batch and rise and fall together; counting them as c samples would read a
+run-to-run drift as a significant change. A figure with fewer than two repetitions on a side (an aggregate, a
+server-side counter, a sweep's single round per level) cannot be tested and is shown, never judged. A check that
+passed in the baseline and fails in the candidate is a regression.
 
 Figures are matched by recipe, check and name; a pair whose shape or method differs is not comparable, and the
 comparison is refused with the reason rather than judged.
@@ -14,6 +17,7 @@ comparison is refused with the reason rather than judged.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 
 from .measure import Figure
@@ -37,7 +41,7 @@ class FigureComparison:
     cand: Figure
     change: float  # candidate / baseline - 1 (signed)
     worse_by: float  # how much worse, as a fraction (negative: better)
-    p_value: float | None  # None: not testable (n < 2 on a side, or no spread at all)
+    p_value: float | None  # None: not testable (fewer than 2 repetitions on a side, or no spread at all)
     regressed: bool
 
     @property
@@ -45,7 +49,7 @@ class FigureComparison:
         if self.regressed:
             return "REGRESSED"
         if self.p_value is None:
-            return "not tested (one value)"
+            return "not tested (one repetition)"
         return "no significant change"
 
     def describe(self) -> str:
@@ -82,11 +86,17 @@ def p_worse(base: list[float], cand: list[float], higher_is_better: bool) -> flo
     return None if math.isnan(p) else p
 
 
+def repetitions(m: Measurement) -> list[float]:
+    """The independent samples of a figure: its raw values, or at concurrency c the mean of each round of c."""
+    c = m.shape.concurrency
+    return [statistics.fmean(m.raw[i:i + c]) for i in range(0, len(m.raw), c)]
+
+
 def compare_figure(base: Measurement, cand: Measurement, tolerance_pct: float = TOLERANCE_PCT,
                    alpha: float = ALPHA) -> FigureComparison:
     change = cand.mean / base.mean - 1 if base.mean else 0.0
     worse_by = -change if base.higher_is_better else change
-    p = p_worse(base.raw, cand.raw, base.higher_is_better)
+    p = p_worse(repetitions(base), repetitions(cand), base.higher_is_better)
     regressed = p is not None and p < alpha and worse_by * 100 > tolerance_pct
     return FigureComparison(base.recipe, base.check, base.name, base.unit, base, cand, change, worse_by, p,
                             regressed)

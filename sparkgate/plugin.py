@@ -15,6 +15,7 @@ import pytest
 
 from . import __version__, commit, redact
 from .checks import Check
+from .compare import TOLERANCE_PCT
 from .hostfacts import HostFacts, gather, gpu_mib_of_container, matching_profile
 from .hostlock import HostLock, Journal, LockError
 from .launch import Server, StartError, serving
@@ -62,6 +63,9 @@ class State:
         self.results = ResultsFile(Path(opt.sg_results_json) if opt.sg_results_json else None,
                                    Submitter(name=opt.sg_submitter, notes=opt.sg_notes))
         self.baseline: Results | None = None
+        if not 0 <= opt.sg_tolerance < 100:
+            raise pytest.UsageError(f"--tolerance {opt.sg_tolerance:g}: a percentage from 0 up to (not including) "
+                                    "100 is how much worse a figure may get")
         if opt.sg_baseline:
             try:
                 self.baseline = load(Path(opt.sg_baseline))
@@ -249,6 +253,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--baseline", dest="sg_baseline", default=None, metavar="FILE",
                     help="a results file of the last good run: every perf check also fails on a figure "
                          "significantly worse than there, by `sparkgate compare`'s rule (default: floors only)")
+    group.addoption("--tolerance", dest="sg_tolerance", type=float, default=TOLERANCE_PCT, metavar="PCT",
+                    help="with --baseline: how much worse a figure may get before it is judged (and only then "
+                         "if beyond the noise); raise it on a box whose runs drift: compare two runs of an "
+                         "unchanged server to see how far (default: %(default)s)")
     group.addoption("--repro-dir", dest="sg_repro_dir", action="append", default=None, metavar="DIR",
                     help="more stored request bodies (*.json) to replay on every run, besides the shipped "
                          "ones (repeatable; default: the shipped ones only)")

@@ -12,11 +12,12 @@ from sparkgate.units import GIB, MIB
     why="vLLM sizes its KV cache from free memory; starting into too little livelocked a Spark (sshd "
         "unreachable, every container OOM-killed) in the guide",
     fix="stop other model servers (nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv), "
-        "or pin a smaller KV cache with --kv-cache-memory in the recipe",
+        "pin a smaller KV cache with --kv-cache-memory in the recipe, or lower --gpu-memory-utilization (vLLM "
+        "wants its grant free at start, though the grant bounds nothing)",
 )
 def test_available_memory_covers_every_selected_recipe(check, host, host_facts, selected_recipes, sparkgate_state):
     """MemAvailable (plus what a container the recipe replaces holds) MUST cover each selected recipe's memory
-    budget plus the profile's OS reserve."""
+    budget plus the profile's OS reserve, and its --gpu-memory-utilization grant, which vLLM wants free at start."""
     if not selected_recipes:
         check.cannot_run("no recipe selected for this host", "--recipe NAME")
     short = []
@@ -27,8 +28,9 @@ def test_available_memory_covers_every_selected_recipe(check, host, host_facts, 
         verdict = fit(r, sparkgate_state.profiles[r.profile], host_facts.mem_available_bytes, reclaimable,
                       f"container {r.container_name}")
         if not verdict.ok:
-            short.append(f"{r.name} needs {verdict.needs()}")
-    check.that(not short, expected="each recipe's budget + OS reserve <= MemAvailable (+ what it replaces)",
+            short.append(f"{r.name} needs {verdict.needs()}{verdict.grant_remedy()}")
+    check.that(not short, expected="each recipe's budget + OS reserve, and on a GPU its --gpu-memory-utilization "
+                                   "grant, <= MemAvailable (+ what it replaces)",
                found=f"MemAvailable {host_facts.mem_available_bytes / GIB:.1f} GiB; " + "; ".join(short))
 
 

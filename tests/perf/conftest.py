@@ -1,7 +1,7 @@
 import pytest
 
 from sparkgate.checks import Check
-from sparkgate.compare import ALPHA, TOLERANCE_PCT, compare_figure, key
+from sparkgate.compare import ALPHA, compare_figure, key
 from sparkgate.measure import METHOD, Target, local_copy_bandwidth_gbs, method_of, roofline_tok_s
 from sparkgate.plugin import STATE
 from sparkgate.tokens import counter_for
@@ -81,7 +81,7 @@ def record(sparkgate_state, recipe, check, method, request):
         minimum = recipe.floors[name].min if name else None if isinstance(floor, str) else floor
         measured = sparkgate_state.record_figure(figure, recipe, check.id, request.node.nodeid, minimum, name)
         if sparkgate_state.baseline is not None:
-            problem = against_baseline(sparkgate_state.baseline, measured)
+            problem = against_baseline(sparkgate_state.baseline, measured, request.config.option.sg_tolerance)
             if problem:
                 request.node.stash.setdefault(BASELINE_REGRESSIONS, []).append(problem)
         return figure
@@ -89,7 +89,7 @@ def record(sparkgate_state, recipe, check, method, request):
     return keep
 
 
-def against_baseline(baseline, measured):
+def against_baseline(baseline, measured, tolerance_pct):
     """What is wrong with `measured` against the baseline's figure of the same recipe, check and name, by
     sparkgate.compare's rule: a significant regression, or a figure measured differently; None when nothing is
     (or the baseline lacks it)."""
@@ -100,7 +100,7 @@ def against_baseline(baseline, measured):
     if base.shape != measured.shape or base.method != measured.method:
         return (f"{measured.name} not comparable: the baseline measured it differently (shape {base.shape.key()}, "
                 f"method {base.method!r}); this run: {measured.shape.key()}, {measured.method!r}")
-    verdict = compare_figure(base, measured)
+    verdict = compare_figure(base, measured, tolerance_pct)
     print(f"  against the baseline: {verdict.describe()}: {verdict.verdict}")
     return verdict.describe() if verdict.regressed else None
 
@@ -113,9 +113,10 @@ def pytest_runtest_call(item):
     problems = item.stash.get(BASELINE_REGRESSIONS, [])
     if problems:
         state = item.config.stash[STATE]
+        option = item.config.option
         pytest.fail(Check.of(item).message(
-            expected=f"no figure significantly worse than in the baseline {item.config.option.sg_baseline} (more "
-                     f"than {TOLERANCE_PCT:g}% worse, beyond the noise of both: Welch's t-test, p < {ALPHA:g})",
+            expected=f"no figure significantly worse than in the baseline {option.sg_baseline} (more than "
+                     f"{option.sg_tolerance:g}% worse, beyond the noise of both: Welch's t-test, p < {ALPHA:g})",
             found="; ".join(problems),
             why=f"the baseline is this box before the change ({_baseline_of(state.baseline)}); a figure that got "
                 "significantly worse is what the change did to every user, even above the floor",

@@ -30,7 +30,7 @@ def test_forced_length_generates_exactly_the_forced_tokens(check, target, recipe
     asyncio.run(burst(target, [body]))  # warm-up, discarded
     records = []
     benchmark.extra_info.update(recipe=recipe.name, shape=SHAPE)
-    benchmark.pedantic(lambda: records.extend(asyncio.run(burst(target, [body]))), rounds=3, iterations=1)
+    benchmark.pedantic(lambda: records.extend(asyncio.run(burst(target, [body]))), rounds=5, iterations=1)
     counts = [r.completion_tokens for r in completed(records)]
     check.that(counts == [TOKENS] * len(records), expected=f"{TOKENS} completion tokens each time",
                found=f"{counts}")
