@@ -125,7 +125,7 @@ def test_a_grant_bigger_than_what_is_free_fails_the_memory_check(pytester, tmp_p
                                     "--recipe=qwen38-27b-nvfp4")
     assert failed == ["HOST-MEM-FREE"], result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["*MemAvailable 100.0 GiB; qwen38-27b-nvfp4 needs 47.6 GiB*, and vLLM will not start "
-                                 "unless its --gpu-memory-utilization grant is free: 0.85 x 121.69 = 103.4 GiB*"
+                                 "unless its --gpu-memory-utilization grant is free: 0.85 x 121.69 = 103.4 GiB: "
                                  "lower --gpu-memory-utilization to at most 0.82*"])
 
 

@@ -48,6 +48,11 @@ class Fit:
         return self.grant_gib is None or self.grant_gib <= self.have_gib
 
     @property
+    def grant_binds(self) -> bool:
+        """The grant, not the budget, is what does not fit (freeing the budget's shortfall would not be enough)."""
+        return not self.grant_ok and self.grant_gib > self.need_gib
+
+    @property
     def ok(self) -> bool:
         return self.need_gib <= self.have_gib and self.grant_ok
 
@@ -55,7 +60,7 @@ class Fit:
         m = self.recipe.memory
         text = (f"{m.budget_gib:.1f} GiB (weights {m.weights_gib:g} + KV cache {m.kv_cache_gib:g} + overhead "
                 f"{m.overhead_gib:g}) plus {self.reserve_gib:g} GiB kept for the OS = {self.need_gib:.1f} GiB")
-        if not self.grant_ok:
+        if self.grant_binds:
             text += (f", and vLLM will not start unless its --gpu-memory-utilization grant is free: "
                      f"{self.utilization:g} x {self.device_gib:g} = {self.grant_gib:.1f} GiB")
         return text
@@ -74,14 +79,14 @@ class Fit:
                 f"livelock the guide describes (sshd unreachable, other containers OOM-killed). Nothing was "
                 f"stopped or started. Free memory first (another model server? nvidia-smi --query-compute-apps="
                 f"pid,process_name,used_memory --format=csv), or pin a smaller KV cache with --kv-cache-memory."
-                + self.grant_remedy())
+                + (f" The grant is what does not fit: {self.grant_remedy()}." if self.grant_binds else ""))
 
     def grant_remedy(self) -> str:
-        if self.grant_ok:
+        """When the grant binds: the most it may be, for what is free."""
+        if not self.grant_binds:
             return ""
-        most = self.have_gib / self.device_gib
-        return (f" The grant alone is too big for what is free: lower --gpu-memory-utilization to at most "
-                f"{most:.2f} (with --kv-cache-memory pinning the KV cache, the grant bounds nothing else).")
+        return (f"lower --gpu-memory-utilization to at most {self.have_gib / self.device_gib:.2f} (with "
+                f"--kv-cache-memory pinning the KV cache, the grant bounds nothing else)")
 
 
 def fit(recipe: Recipe, profile: Profile, mem_available_bytes: int, reclaimable_bytes: int = 0,

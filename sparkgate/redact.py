@@ -32,9 +32,12 @@ _SHAPES = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|nvapi-[A-Za-
 
 
 def secret_name(name: str) -> bool:
-    """An environment variable whose value is a secret, by the parts of its name."""
-    parts = set(re.split(r"[_\W]+", name.upper()))
-    return bool(parts & _SECRET_PARTS) or name.upper().endswith(("APIKEY", "TOKEN", "SECRET", "PASSWORD"))
+    """An environment variable whose value is a secret, by the parts of its name. A quantity per something
+    (`kv_bytes_per_token`) is a measurement: what follows PER is not judged."""
+    parts = re.split(r"[_\W]+", name.upper())
+    if "PER" in parts[1:]:
+        parts = parts[:parts.index("PER", 1)]
+    return bool(set(parts) & _SECRET_PARTS) or "_".join(parts).endswith(("APIKEY", "TOKEN", "SECRET", "PASSWORD"))
 
 
 class Masker:

@@ -28,7 +28,8 @@ def test_available_memory_covers_every_selected_recipe(check, host, host_facts, 
         verdict = fit(r, sparkgate_state.profiles[r.profile], host_facts.mem_available_bytes, reclaimable,
                       f"container {r.container_name}")
         if not verdict.ok:
-            short.append(f"{r.name} needs {verdict.needs()}{verdict.grant_remedy()}")
+            remedy = verdict.grant_remedy()
+            short.append(f"{r.name} needs {verdict.needs()}" + (f": {remedy}" if remedy else ""))
     check.that(not short, expected="each recipe's budget + OS reserve, and on a GPU its --gpu-memory-utilization "
                                    "grant, <= MemAvailable (+ what it replaces)",
                found=f"MemAvailable {host_facts.mem_available_bytes / GIB:.1f} GiB; " + "; ".join(short))
