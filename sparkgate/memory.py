@@ -96,7 +96,7 @@ def fit(recipe: Recipe, profile: Profile, mem_available_bytes: int, reclaimable_
         given = recipe.arg("--gpu-memory-utilization")
         try:
             utilization = float(given) if given is not None else VLLM_DEFAULT_UTILIZATION
-        except ValueError:  # not a number: the recipe's own rules say so; nothing to add here
+        except ValueError:  # not a number: vLLM refuses the flag itself, with its own message
             utilization = None
     return Fit(recipe, profile.os_reserve_gib, mem_available_bytes / GIB, reclaimable_bytes / GIB, reclaimable_from,
                utilization, profile.memory_gib)

@@ -9,7 +9,9 @@ from sparkgate.workloads import CODE, PROSE, chat
 
 LEVELS = (1, 4, 8, 16)
 MAX_TOKENS = 250  # the guide's burst runs: short prompts, max_tokens 250
-ROUNDS = 3  # per level: the requests of one round share a batch, so a round is one sample for a comparison
+# Rounds per level: at concurrency c the requests of one round share a batch, so a round is one sample for a
+# comparison; batches vary more than single requests, so a level of c > 1 gets more of them.
+SINGLE_ROUNDS, BATCH_ROUNDS = 3, 5
 
 
 def levels_for(recipe):
@@ -32,9 +34,9 @@ def test_per_request_decode_under_concurrency_meets_the_floors(check, target, re
     for c in levels_for(recipe):
         shape = {"prompt": "short prose and code", "max_tokens": MAX_TOKENS, "ignore_eos": False,
                  "thinking": "off", "temperature": 0.2, "concurrency": c}
-        # ROUNDS bursts of c, one after another: a figure of one round has no spread between rounds, and cannot be
-        # compared with a baseline.
-        records = completed([r for _ in range(ROUNDS) for r in asyncio.run(
+        # Bursts of c, one after another: a figure of one round has no spread between rounds, and cannot be compared
+        # with a baseline.
+        records = completed([r for _ in range(SINGLE_ROUNDS if c == 1 else BATCH_ROUNDS) for r in asyncio.run(
             burst(target, [chat(recipe, prompts[i % 4], MAX_TOKENS, 0.2) for i in range(c)]))],
             f"request at {c} concurrent")
         floor = "single_stream_decode" if c == 1 else f"concurrent_{c}_decode"
