@@ -6,16 +6,13 @@ spark01's GPU, driver and tools are stand-ins printing outputs recorded from rea
 
 import os
 import re
-import shutil
 import time
 
 import pytest
-import yaml
 
 from selftest.testhost.spark01 import CANONICAL_SIGNER, HostSpec, TestHost
-from sparkgate.recipes import RECIPES_DIR
 
-from .test_suite import run_suite
+from .test_suite import broken_recipe, run_suite
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs root (network namespaces)")
 NEXT = "6.17.0-1031-nvidia"  # a newer kernel an upgrade installed: GRUB boots it next
@@ -113,13 +110,11 @@ def test_a_grant_bigger_than_what_is_free_fails_the_memory_check(pytester, tmp_p
     """vLLM will not start unless its --gpu-memory-utilization grant is free (the guide: 'Free memory on device ...
     is less than desired GPU memory utilization (0.8, 97.35 GiB)'): the 27B's budget fits 100 GiB available, its
     grant at the guide's 0.85 does not, and HOST-MEM-FREE says so with the most the grant may be."""
-    recipes = tmp_path / "recipes"
-    shutil.copytree(RECIPES_DIR, recipes)
-    path = recipes / "qwen38-27b-nvfp4.yaml"
-    data = yaml.safe_load(path.read_text())
-    args = data["serve_args"]
-    args[args.index("--gpu-memory-utilization") + 1] = "0.85"
-    path.write_text(yaml.safe_dump(data))
+    def grant_085(data):
+        args = data["serve_args"]
+        args[args.index("--gpu-memory-utilization") + 1] = "0.85"
+
+    recipes = broken_recipe(tmp_path, grant_085, "qwen38-27b-nvfp4")
     with TestHost(HostSpec(mem_available_kb=100 * 1024**2)) as host:
         result, failed = host_layer(pytester, host, "-k", "mem", f"--recipes-dir={recipes}",
                                     "--recipe=qwen38-27b-nvfp4")
