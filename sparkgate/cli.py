@@ -9,6 +9,9 @@
   sparkgate compare BASE CAND       every figure and check of two results files side by side; exit 1 on a regression
   sparkgate table FILE...           many results files as one table (md, csv, html, llama-benchy's csv or json)
   sparkgate validate FILE...        schema, completeness and method versions of results files, before submitting
+  sparkgate guard --listen ADDR --upstream URL --out DIR
+                                    a recording guard in front of a production server: stores the request bodies
+                                    that produced garbage, for SERVE-REPRO to replay (--repro-dir DIR)
 
 Exit status of `sparkgate run`: 0 every check that ran passed, 1 a check failed or errored, 2 a usage error (a bad
 option, recipe or profile; an unreachable host; a host in use by another run), 3 nothing ran (every selected check
@@ -183,7 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     tab.add_argument("-o", "--output", type=Path, default=None, metavar="PATH", help="(default: the terminal)")
     val = sub.add_parser("validate", help="schema, completeness and method versions, before submitting")
     val.add_argument("files", type=Path, nargs="+", metavar="FILE")
+    guard = sub.add_parser("guard", help="a pass-through proxy that stores the requests that produced garbage")
+    guard.add_argument("--listen", default="127.0.0.1:8001", metavar="HOST:PORT",
+                       help="where clients connect instead of the server (default 127.0.0.1:8001)")
+    guard.add_argument("--upstream", required=True, metavar="URL", help="the server, e.g. http://127.0.0.1:8000")
+    guard.add_argument("--out", required=True, metavar="DIR", help="where repro bodies are stored")
     args = parser.parse_args(argv)
+    if args.cmd == "guard":
+        from .guard import serve
+
+        serve(args.listen, args.upstream, Path(args.out).expanduser())
+        return 0
     if args.cmd == "results-schema":
         from .results import Results
 

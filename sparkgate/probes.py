@@ -19,12 +19,14 @@ from typing import Any
 THINKING_OFF = {"enable_thinking": False}
 
 
-def chat_body(model: str, text: str, max_tokens: int = 48, **extra: Any) -> dict[str, Any]:
-    """One user turn, greedy: the same question gets the same answer, so a failure reproduces. Thinking is
-    off (a reasoning model would spend a short budget thinking and answer nothing); templates without the
-    switch ignore it."""
-    return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-            "temperature": 0, "chat_template_kwargs": THINKING_OFF, **extra}
+def chat_body(model: str, content: str | list[dict[str, Any]], max_tokens: int = 48, temperature: float = 0,
+              **extra: Any) -> dict[str, Any]:
+    """The one chat body every check and every measurement sends: one user turn (text, or content parts such as
+    an image), greedy by default so the same question gets the same answer and a failure reproduces. Thinking is
+    off (a reasoning model would spend a short budget thinking and answer nothing); templates without the switch
+    ignore it. `extra` adds or overrides fields (tools, response_format, chat_template_kwargs...)."""
+    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "temperature": temperature, "chat_template_kwargs": THINKING_OFF, **extra}
 
 
 def said(answer: str, text: str) -> bool:
@@ -179,9 +181,9 @@ def picture(kind: str = "digits") -> Picture:
     return Picture(buf.getvalue(), question, answers)
 
 
-def image_message(text: str, url: str) -> dict[str, Any]:
-    return {"role": "user", "content": [{"type": "text", "text": text},
-                                        {"type": "image_url", "image_url": {"url": url}}]}
+def image_content(text: str, url: str) -> list[dict[str, Any]]:
+    """A question about an image, as a user turn's content parts."""
+    return [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]
 
 
 # ---- bad input -------------------------------------------------------------------------------------------

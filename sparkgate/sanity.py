@@ -14,6 +14,7 @@ Pure functions only: no requests, no verdicts. Callers decide what a finding mea
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections import Counter
@@ -88,7 +89,7 @@ LINE_MAX_COPIES = 4
 class Finding:
     """One sign of garbage: its kind, where it starts (character offset) and a one-line description."""
 
-    kind: str  # nul | control | undecodable | script | special-token | tool-call-leak | repetition
+    kind: str  # nul | control | undecodable | script | special-token | tool-call-leak | repetition | salad
     offset: int
     what: str
 
@@ -195,6 +196,59 @@ def _repetition_findings(text: str) -> list[Finding]:
     return found
 
 
+# Token salad in the Latin script (no foreign script, no NUL, little repetition): prose whose words are mostly not
+# words of any language. Judged only on enough prose words; thresholds chosen from docs/GARBAGE.md's matrix.
+SALAD_MIN_WORDS = 8
+SALAD_UNKNOWN_SHARE = 0.5
+SALAD_MIN_ZIPF = 1.0  # wordfreq's Zipf scale: 1.0 is once per 100 million words; 0 is not in the lexicon
+LEXICON_LANGS = ("en", "de", "fr", "es", "it", "pt", "nl", "sv", "pl", "tr", "id")
+_FENCED = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
+_INLINE = re.compile(r"`[^`\n]*`")
+_URLISH = re.compile(r"\b(?:[a-z][a-z0-9+.-]*://|www\.)\S+|\S+@\S+\.\w+", re.IGNORECASE)
+_WORD = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*")
+_GLUED = re.compile(r"[a-z][A-Z]")  # getUserName: identifiers glued into prose
+
+
+def known_word(word: str) -> bool:
+    """A word of some language (wordfreq's lexicons of the common ones), in any case."""
+    return _known(word.lower())
+
+
+@functools.cache
+def _known(word: str) -> bool:
+    from wordfreq import zipf_frequency
+
+    return any(zipf_frequency(word, lang) >= SALAD_MIN_ZIPF for lang in LEXICON_LANGS)
+
+
+def prose_words(text: str) -> list[str]:
+    """The words of the prose in `text`: fenced and inline code, URLs, e-mail addresses, and every token with a
+    digit or an identifier's punctuation (paths, versions, snake_case, calls) left out; names stay in."""
+    text = _URLISH.sub(" ", _INLINE.sub(" ", _FENCED.sub(" ", text)))
+    words = []
+    for token in text.split():
+        core = token.strip("\"'“”‘’.,;:!?()[]{}*#>-")
+        if core and _WORD.fullmatch(core):
+            words.append(core)
+    return words
+
+
+def _salad_findings(text: str) -> list[Finding]:
+    words = prose_words(text)
+    if len(words) < SALAD_MIN_WORDS:
+        return []  # a terse answer is never salad ("Got it.", "Paris")
+    # A capitalised word the lexicons lack is a name, unless glued to another (getUserName).
+    unknown = [w for w in words if not known_word(w) and (not w[0].isupper() or _GLUED.search(w))]
+    share = len(unknown) / len(words)
+    if share < SALAD_UNKNOWN_SHARE:
+        return []
+    first = text.find(unknown[0])
+    return [Finding("salad", max(first, 0),
+                    f"token salad: {len(unknown)} of {len(words)} words are words of no language "
+                    f"({', '.join(repr(w) for w in unknown[:5])}), from char {max(first, 0)}: "
+                    f"{excerpt(text, max(first, 0))}")]
+
+
 def scan(text: str, prompt: str = "", allow_tokens: Collection[str] = ()) -> list[Finding]:
     """Every sign of garbage in `text`, in order of position. Scripts that occur in `prompt` are allowed
     (a question in Chinese may be answered in Chinese); `allow_tokens` lists special tokens the caller
@@ -202,6 +256,8 @@ def scan(text: str, prompt: str = "", allow_tokens: Collection[str] = ()) -> lis
     allowed = scripts_in(prompt)
     findings = (_control_findings(text) + _script_findings(text, allowed) + _token_findings(text, allow_tokens)
                 + _repetition_findings(text))
+    if not findings:  # salad is judged on what is otherwise clean: one finding per defect
+        findings = _salad_findings(text)
     return sorted(findings, key=lambda f: f.offset)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from .probes import chat_body
 from .recipes import Recipe
 
 # Prose and code, reported apart: speculative decoding accepts more drafts on code (25.8 vs 21.6 tok/s).
@@ -21,10 +22,8 @@ FILLER = ("The committee reviewed the quarterly logistics report, noted the dela
 
 
 def chat(recipe: Recipe, prompt: str, max_tokens: int, temperature: float = 0.3, **extra: Any) -> dict[str, Any]:
-    """A chat body with thinking off (a reasoning model otherwise spends its budget thinking)."""
-    return {"model": recipe.model.served_name, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "temperature": temperature,
-            "chat_template_kwargs": {"enable_thinking": False}, **extra}
+    """The measurements' chat body: the one chat body (probes.chat_body), sampled at the guide's temperature."""
+    return chat_body(recipe.model.served_name, prompt, max_tokens, temperature, **extra)
 
 
 def forced(recipe: Recipe, prompt: str, tokens: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from sparkgate import sanity
 from sparkgate.shipped import REPRO_DIR
 from sparkgate.stream import Assembled, StreamError
 
+SANITY_CHECK = "SERVE-SANITY"  # the check that diagnoses garbage answers; the others point at it
 TIMEOUT_S = 300  # a 2-core CPU box answers a long prompt in tens of seconds; a hang is longer than this
 
 
@@ -149,15 +150,20 @@ class Endpoint:
         return out
 
     def clean(self, message: dict[str, Any], body: dict[str, Any], label: str = "") -> None:
-        """Fail the running check when the answer carries garbage, quoting what and where."""
+        """Fail the running check when the answer carries garbage, quoting what and where. Every check that reads
+        an answer judges it so; SERVE-SANITY is the one whose job it is, so the others point at it: when it fails
+        too, they fail on the same defect."""
         __tracebackhide__ = True
         findings = sanity.scan_message(message, sanity.prompt_text(body))
+        same = "" if self.check.id == SANITY_CHECK else (
+            f" (the same defect as {SANITY_CHECK}'s, which diagnoses garbage answers: read its message first)")
         self.check.that(
             not findings,
             expected="a clean answer" + (f" to {label}" if label else "") + ": no NUL or control bytes, no "
-                     "script foreign to the prompt, no leaked special token, no degenerate repetition",
+                     "script foreign to the prompt, no leaked special token, no degenerate repetition, no token "
+                     "salad",
             found=f"{sanity.summary(findings)}\n            answer: {short(message.get('content') or '')}",
-            why=sanity.WHY, fix=sanity.FIX)
+            why=sanity.WHY + same, fix=sanity.FIX)
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sparkgate.probes import THINKING_OFF, image_message, picture
+from sparkgate.probes import chat_body, image_content, picture
 
 
 @pytest.mark.check("SERVE-VISION", why="a vision tower that loads but sees nothing (wrong processor, image "
@@ -16,9 +16,7 @@ def test_an_image_with_known_content_is_described_correctly(check, server, recip
         check.cannot_run(f"recipe {recipe.name} does not declare vision (features.vision: false); "
                          "SERVE-VISION-REJECT checks that it refuses images", "set features.vision: true")
     pic = picture(kind)
-    body = {"model": server.served_name, "temperature": 0, "max_tokens": 512,
-            "chat_template_kwargs": THINKING_OFF,
-            "messages": [image_message(pic.question, pic.data_url)]}
+    body = chat_body(server.served_name, image_content(pic.question, pic.data_url), max_tokens=512)
     text = endpoint.chat(body, label=f"the {kind} image")["choices"][0]["message"].get("content") or ""
     check.that(pic.answered(text),
                expected=f"{' or '.join(pic.answers)} in the answer to {pic.question!r}", found=repr(text[:200]))
@@ -32,8 +30,7 @@ def test_a_text_only_model_refuses_an_image_with_a_4xx(check, server, recipe, en
     if recipe.features.vision:
         check.cannot_run(f"recipe {recipe.name} declares vision; SERVE-VISION checks images")
     pic = picture("shape")
-    body = {"model": server.served_name, "temperature": 0, "max_tokens": 16,
-            "messages": [image_message(pic.question, pic.data_url)]}
+    body = chat_body(server.served_name, image_content(pic.question, pic.data_url), max_tokens=16)
     response = endpoint.post(body, timeout=120)
     message = endpoint.error_message(response)
     says_why = any(w in message.lower() for w in ("image", "multimodal", "vision", "modalit"))

@@ -1,0 +1,266 @@
+"""The garbage corpus: what real broken models answered, and real clean text, to measure the sanity detector on.
+
+Every broken model is the embedded default (SmolLM2-135M-Instruct) broken one way, served by the real vLLM CPU
+engine, asked the same prompts greedily:
+
+- weights perturbed with Gaussian noise (a share of each tensor's own standard deviation) at several strengths,
+  in all layers, only attention, only the MLPs, only the embeddings (tied to the output head), only the last layers;
+- weights drawn fresh from the architecture's initialiser (transformers), and vLLM's dummy loader;
+- the real weights under a chat template of another family, and under a tokenizer whose vocabulary is permuted.
+
+The clean side is the real model's answers to the same prompts, and human text: the paragraphs of the field guide
+(prose, tables, commands) and of this project's docs.
+
+    python -m selftest.garbage.corpus build [--only VARIANT ...]   # ~20 minutes on two cores; writes CORPUS
+    python -m selftest.garbage.corpus matrix                        # the detector's rates on it (docs/GARBAGE.md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+CORPUS = HERE / "corpus.jsonl"
+PORT = 18190
+SEED = 20261201
+
+# Varied prompts a user sends: short answers, explanations, lists, instructions, code, a little of everything.
+PROMPTS = (
+    "What is the capital of France?", "Explain why the sky is blue in two sentences.",
+    "List three fruits, one per line.", "Write a Python function that reverses a string.",
+    "What is photosynthesis?", "Give me a short tip for better sleep.", "Describe a cat to a child.",
+    "How do I make a cup of tea?", "Write a haiku about autumn.", "What does a compiler do?",
+    "Summarise the plot of Cinderella in three sentences.", "Name two planets in our solar system.",
+    "Write a shell command that counts the lines of a file.", "What is the boiling point of water?",
+    "Why do leaves change colour in autumn?", "Give three reasons to learn a second language.",
+    "Explain what an API is to a beginner.", "Write a SQL query that selects all rows from a table named users.",
+    "What is 12 times 12?", "Describe the water cycle.", "How do vaccines work, briefly?",
+    "Write a JavaScript function that adds two numbers.", "What is the difference between a list and a tuple "
+    "in Python?", "Tell me a fun fact about octopuses.", "How should I prepare for a job interview?",
+    "What is a black hole?", "Write a short thank-you note to a colleague.", "Explain recursion with an example.",
+    "What are the primary colours?", "Translate 'good morning' into Spanish.", "What causes earthquakes?",
+    "Write a Python class for a bank account with deposit and withdraw methods.", "What is the speed of light?",
+    "Suggest a name for a friendly robot.", "How does a refrigerator keep food cold?",
+    "Give me a recipe idea for dinner with rice and beans.", "What is machine learning?",
+    "Write a regular expression that matches an email address.", "Why is exercise good for you?",
+    "Explain what HTTP status 404 means.", "Describe your ideal weekend in two sentences.",
+    "What is the largest ocean on Earth?", "Write a function in C that returns the maximum of two integers.",
+    "How do birds fly?", "What is the meaning of the word 'ephemeral'?", "Write a limerick about a dog.",
+    "What is Git used for?", "List the days of the week.", "Explain inflation in simple terms.",
+    "Reply with exactly: Got it.", "Say hello.", "Convert 5 kilometres to miles.",
+    "What is a prime number? Give two examples.", "Write a YAML file that lists three colours.",
+    "How do I center a div in CSS?", "What is the chemical symbol for gold?", "Why do we have seasons?",
+    "Write a docstring for a function that sorts a list of numbers.", "What is the Pythagorean theorem?",
+    "Give me two tips for writing clear emails.",
+)
+
+LLAMA2_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+                   "{% else %}{{ m['content'] }}{% endif %}{% endfor %}")
+
+
+def _weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    [path] = folder.glob("*.safetensors")
+    return load_file(path)
+
+
+def _save(tensors: dict, src: Path, dst: Path) -> None:
+    from safetensors.torch import save_file
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors"))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, dst / "model.safetensors", metadata={"format": "pt"})
+
+
+def perturbed(where: Callable[[str], bool], strength: float) -> Callable[[Path, Path], list[str]]:
+    """Add N(0, (strength x the tensor's own std)^2) to every weight matrix whose name `where` accepts."""
+    def make(src: Path, dst: Path) -> list[str]:
+        import torch
+
+        torch.manual_seed(SEED)
+        tensors = _weights(src)
+        for name, w in tensors.items():
+            if w.dim() == 2 and where(name):
+                w32 = w.float()
+                tensors[name] = (w32 + strength * w32.std() * torch.randn_like(w32)).to(w.dtype)
+        _save(tensors, src, dst)
+        return []
+    return make
+
+
+def reinitialised(src: Path, dst: Path) -> list[str]:
+    """The architecture's own initialiser, as a model that was never trained (transformers)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(SEED)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src), dtype=torch.bfloat16)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors"))
+    model.save_pretrained(dst)
+    return []
+
+
+def real(src: Path, dst: Path) -> list[str]:
+    shutil.copytree(src, dst)
+    return []
+
+
+def dummy_loader(src: Path, dst: Path) -> list[str]:
+    shutil.copytree(src, dst)
+    return ["--load-format", "dummy"]
+
+
+def wrong_template(src: Path, dst: Path) -> list[str]:
+    shutil.copytree(src, dst)
+    (dst / "llama2.jinja").write_text(LLAMA2_TEMPLATE)
+    return ["--chat-template", str(dst / "llama2.jinja")]
+
+
+def wrong_tokenizer(src: Path, dst: Path) -> list[str]:
+    """The vocabulary permuted (special tokens kept): every id now reads as another token."""
+    shutil.copytree(src, dst)
+    data = json.loads((dst / "tokenizer.json").read_text())
+    special = {t["content"] for t in data.get("added_tokens", [])}
+    vocab = data["model"]["vocab"]
+    plain = [t for t in vocab if t not in special]
+    ids = [vocab[t] for t in plain]
+    random.Random(SEED).shuffle(ids)
+    vocab.update(zip(plain, ids, strict=True))
+    (dst / "tokenizer.json").write_text(json.dumps(data))
+    return []
+
+
+def layer(name: str, first: int) -> bool:
+    m = re.search(r"layers\.(\d+)\.", name)
+    return bool(m) and int(m.group(1)) >= first
+
+
+def everywhere(_name: str) -> bool:
+    return True
+
+
+# The damage the serving self-tests use: Latin-script token salad, no foreign script (chosen from the matrix).
+DAMAGED = (everywhere, 1.0)
+
+VARIANTS: dict[str, tuple[str, Callable[[Path, Path], list[str]]]] = {
+    # variant: (kind, how to make it)
+    "real-model": ("clean", real),
+    "noise-all-0.25": ("perturbed", perturbed(everywhere, 0.25)),
+    "noise-all-0.5": ("perturbed", perturbed(everywhere, 0.5)),
+    "noise-all-1.0": ("perturbed", perturbed(everywhere, 1.0)),
+    "noise-attention-1.0": ("perturbed", perturbed(lambda n: "self_attn" in n, 1.0)),
+    "noise-mlp-1.0": ("perturbed", perturbed(lambda n: ".mlp." in n, 1.0)),
+    "noise-embeddings-0.5": ("perturbed", perturbed(lambda n: "embed_tokens" in n, 0.5)),
+    "noise-last-layers-2.0": ("perturbed", perturbed(lambda n: layer(n, 20), 2.0)),
+    "random-init": ("random", reinitialised),
+    "dummy-loader": ("random", dummy_loader),
+    "wrong-chat-template": ("misconfigured", wrong_template),
+    "wrong-tokenizer": ("misconfigured", wrong_tokenizer),
+}
+
+
+def answers(base_url: str, model: str) -> list[str]:
+    def ask(prompt: str) -> str:
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 80,
+                "temperature": 0}
+        response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=300)
+        if response.status_code != 200:
+            return ""
+        return response.json()["choices"][0]["message"].get("content") or ""
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(ask, PROMPTS))
+
+
+def build(only: list[str]) -> None:
+    from sparkgate import embedded
+    from sparkgate.launch import cache_dir, serving
+    from sparkgate.recipes import RECIPES_DIR, Recipe, load_profiles
+
+    from ..test_suite import local_mem_available
+
+    src = embedded.prepare("embedded:smollm2", cache_dir())
+    base = yaml.safe_load((RECIPES_DIR / "smollm2-cpu.yaml").read_text())
+    kept = [json.loads(line) for line in CORPUS.read_text().splitlines()] if CORPUS.exists() else []
+    kept = [r for r in kept if r["variant"] not in (only or VARIANTS)]
+    for name, (kind, make) in VARIANTS.items():
+        if only and name not in only:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / name
+            extra = make(src, folder)
+            data = {**base, "name": "corpus", "port": PORT}
+            data["model"] = {**base["model"], "id": str(folder), "source": None}
+            args = [a if a != "18000" else str(PORT) for a in base["serve_args"]]
+            data["serve_args"] = [*args, *extra]
+            recipe = Recipe.model_validate(data)
+            with serving(recipe, load_profiles()["cpu"], local_mem_available, print, 900) as srv:
+                texts = answers(srv.base_url, srv.served_name)
+        kept += [{"kind": kind, "variant": name, "prompt": p, "text": t} for p, t in zip(PROMPTS, texts, strict=True)]
+        print(f"{name}: {len(texts)} answers", flush=True)
+    human = human_text()
+    kept = [r for r in kept if r["kind"] != "human"] + [{"kind": "human", "variant": src_name, "prompt": "",
+                                                         "text": t} for src_name, t in human]
+    CORPUS.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+
+
+def human_text() -> list[tuple[str, str]]:
+    """Paragraphs people wrote: the field guide and this project's docs (prose, tables, commands, code)."""
+    sources = [ROOT.parent / "shared" / "reference" / "spark-vllm-guide.txt", ROOT / "README.md",
+               ROOT / "docs" / "FAULTS.md"]
+    out = []
+    for path in sources:
+        if path.exists():
+            for para in re.split(r"\n\s*\n", path.read_text()):
+                if len(para.split()) >= 8:
+                    out.append((path.name, para.strip()))
+    return out
+
+
+def matrix() -> list[dict]:
+    """Per variant: how many answers the detector flags (a true positive on a broken model, a false one on
+    clean text)."""
+    from sparkgate import sanity
+
+    rows: dict[str, dict] = {}
+    for line in CORPUS.read_text().splitlines():
+        r = json.loads(line)
+        row = rows.setdefault(r["variant"], {"variant": r["variant"], "kind": r["kind"], "n": 0, "flagged": 0,
+                                             "empty": 0})
+        row["n"] += 1
+        if not r["text"].strip():
+            row["empty"] += 1
+        elif sanity.scan(r["text"], r["prompt"]):
+            row["flagged"] += 1
+    return list(rows.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m selftest.garbage.corpus", description=__doc__.split("\n")[0])
+    parser.add_argument("action", choices=["build", "matrix"])
+    parser.add_argument("--only", action="append", default=[], choices=sorted(VARIANTS))
+    args = parser.parse_args(argv)
+    if args.action == "build":
+        build(args.only)
+    for row in matrix():
+        rate = row["flagged"] / max(1, row["n"] - row["empty"])
+        print(f"{row['kind']:14} {row['variant']:24} n={row['n']:4} empty={row['empty']:3} flagged={row['flagged']:4} "
+              f"({rate:.0%})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""`sparkgate guard`: a recording guard in front of a production server.
+
+The guide's worst garbage happened on a warm production engine, for one real request shape, and was clean on a
+fresh engine and on synthetic bodies: a test that starts its own engine and sends its own bodies cannot see it.
+The guard sits where it happens. It passes every request through to the upstream server unchanged (streams
+forwarded chunk by chunk as they arrive), runs the sanity detector on every chat answer, and when one is garbage
+it stores the exact request body (secrets masked) as a repro body, with the answer, the time and the server's
+facts beside it. Those bodies are what SERVE-REPRO replays (`--repro-dir`), against the warm engine, after every
+image bump.
+
+    sparkgate guard --listen 0.0.0.0:8001 --upstream http://127.0.0.1:8000 --out ~/sparkgate-repro
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from . import sanity
+from .redact import mask
+from .stream import Assembled, StreamError
+
+CHAT_PATHS = ("/v1/chat/completions",)
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization",
+              "proxy-authenticate", "host", "content-length", "accept-encoding"}
+
+
+class SSEReader:
+    """Server-sent events fed in as bytes arrive; each complete `data:` payload goes to an Assembled answer."""
+
+    def __init__(self) -> None:
+        self.answer = Assembled()
+        self._buffer = b""
+        self.malformed: str | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        self._buffer += chunk
+        while b"\n\n" in self._buffer:
+            event, self._buffer = self._buffer.split(b"\n\n", 1)
+            data = "\n".join(line[5:].lstrip() for line in event.decode(errors="replace").splitlines()
+                             if line.startswith("data:"))
+            if data and self.malformed is None:
+                try:
+                    self.answer.feed(data)
+                except StreamError as exc:
+                    self.malformed = str(exc)
+
+
+class Recorder:
+    """Stores the garbage-producing requests of one upstream server in one folder."""
+
+    def __init__(self, out: Path, upstream: str) -> None:
+        self.out = out
+        self.upstream = upstream
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.facts: dict[str, Any] = {}
+        self.stored = 0
+
+    async def learn_facts(self, client: httpx.AsyncClient) -> None:
+        """What the upstream says of itself (its vLLM version, its models), recorded with every repro body."""
+        for path, key in (("/version", "version"), ("/v1/models", "models")):
+            try:
+                response = await client.get(f"{self.upstream}{path}", timeout=10)
+                self.facts[key] = response.json() if response.status_code == 200 else f"HTTP {response.status_code}"
+            except (httpx.HTTPError, ValueError) as exc:
+                self.facts[key] = f"{type(exc).__name__}"
+
+    def judge(self, body: dict[str, Any], message: dict[str, Any]) -> list[sanity.Finding]:
+        findings = sanity.scan_message(message, sanity.prompt_text(body))
+        if findings:
+            self.store(body, message, findings)
+        return findings
+
+    def store(self, body: dict[str, Any], message: dict[str, Any], findings: list[sanity.Finding]) -> Path:
+        """`<time>-<hash>.json`: the request body as sent (secrets masked), what SERVE-REPRO replays; beside it
+        `<time>-<hash>.meta`: the answer, the findings, the time and the server's facts (not replayed)."""
+        text = mask(json.dumps(body, ensure_ascii=False))
+        stamp = dt.datetime.now(dt.UTC)
+        name = f"{stamp:%Y%m%dT%H%M%SZ}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+        (self.out / f"{name}.json").write_text(text)
+        meta = {"time": stamp.isoformat(timespec="seconds"), "upstream": self.upstream, "server": self.facts,
+                "findings": [f.what for f in findings], "answer": message}
+        (self.out / f"{name}.meta").write_text(mask(json.dumps(meta, ensure_ascii=False, indent=2)))
+        self.stored += 1
+        return self.out / f"{name}.json"
+
+
+def app(upstream: str, out: Path) -> Any:
+    """The guard as an ASGI application (Starlette): every path and method passed through."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+
+    upstream = upstream.rstrip("/")
+    recorder = Recorder(out, upstream)
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30), limits=httpx.Limits(max_connections=None))
+
+    async def startup() -> None:
+        await recorder.learn_facts(client)
+
+    async def shutdown() -> None:
+        await client.aclose()
+
+    async def proxy(request: Request) -> Response:
+        raw = await request.body()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers["accept-encoding"] = "identity"  # the guard reads what it forwards
+        upstream_request = client.build_request(request.method, f"{upstream}{request.url.path}",
+                                                params=request.query_params, headers=headers, content=raw)
+        response = await client.send(upstream_request, stream=True)
+        passed = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
+        body = _json_object(raw) if request.url.path in CHAT_PATHS and request.method == "POST" else None
+        if body is None or response.status_code != 200:
+            content = await response.aread()
+            await response.aclose()
+            return Response(content, status_code=response.status_code, headers=passed)
+        if "text/event-stream" in response.headers.get("content-type", ""):
+            reader = SSEReader()
+
+            async def forward():
+                try:
+                    async for chunk in response.aiter_raw():
+                        yield chunk  # first to the client; reading it costs the stream nothing
+                        reader.feed(chunk)
+                finally:
+                    await response.aclose()
+                    if reader.malformed is None:
+                        recorder.judge(body, reader.answer.message)
+
+            return StreamingResponse(forward(), status_code=response.status_code, headers=passed)
+        content = await response.aread()
+        await response.aclose()
+        answer = _json_object(content)
+        choices = (answer or {}).get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            recorder.judge(body, choices[0].get("message") or {})
+        return Response(content, status_code=response.status_code, headers=passed)
+
+    methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
+    application = Starlette(routes=[Route("/{path:path}", proxy, methods=methods)], on_startup=[startup],
+                            on_shutdown=[shutdown])
+    application.state.recorder = recorder
+    return application
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def serve(listen: str, upstream: str, out: Path) -> None:
+    import uvicorn
+
+    host, _, port = listen.rpartition(":")
+    print(f"sparkgate guard: {listen} -> {upstream}; garbage-producing requests are stored in {out}", flush=True)
+    uvicorn.run(app(upstream, out), host=host or "127.0.0.1", port=int(port), log_level="warning")
