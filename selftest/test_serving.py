@@ -27,10 +27,11 @@ from sparkgate.launch import cache_dir, serving
 from sparkgate.probes import chat_body
 from sparkgate.recipes import RECIPES_DIR, Recipe, load_profiles
 
+from .conftest import embedded_recipe_dir
 from .garbage.corpus import DAMAGED, perturbed
 from .test_suite import ROOT, local_mem_available, run_suite
 
-PORTS = {"random": 18001, "clean": 18002, "damaged": 18003}
+PORTS = {"random": 18001, "damaged": 18003}  # the clean model is the session's embedded_server
 GUARD_PORT = 18004
 # What reads an answer, and must fail on garbage; what judges something else, and must pass on it.
 READS_ANSWERS = ["SERVE-CHAT", "SERVE-STREAM", "SERVE-COHERENCE", "SERVE-OPENAI-SDK", "SERVE-SANITY",
@@ -58,9 +59,9 @@ def recipe_for(kind: str, tmp: Path) -> Recipe:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """The three servers, started once for the module: kind -> (recipes folder, server)."""
-    started = {}
+def servers(tmp_path_factory, embedded_server):
+    """The broken servers, started once for the module, and the clean one: kind -> (recipes folder, server)."""
+    started = {"clean": (str(embedded_recipe_dir(tmp_path_factory.mktemp("clean"))), embedded_server)}
     contexts = []
     try:
         for kind in PORTS:
