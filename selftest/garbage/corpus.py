@@ -8,8 +8,8 @@ engine, asked the same prompts greedily:
 - weights drawn fresh from the architecture's initialiser (transformers), and vLLM's dummy loader;
 - the real weights under a chat template of another family, and under a tokenizer whose vocabulary is permuted.
 
-The clean side is the real model's answers to the same prompts, and human text: the paragraphs of the field guide
-(prose, tables, commands) and of this project's docs.
+The clean side is the real model's answers to the same prompts, and human text: the docstrings and code of Python's
+standard library, and the paragraphs of this project's docs (prose, tables, commands).
 
     python -m selftest.garbage.corpus build [--only VARIANT ...]   # ~20 minutes on two cores; writes CORPUS
     python -m selftest.garbage.corpus matrix                        # the detector's rates on it (docs/GARBAGE.md)
@@ -217,16 +217,32 @@ def build(only: list[str]) -> None:
     CORPUS.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
 
 
+# Human text everyone has: the docstrings and the code of Python's standard library, and this project's docs.
+STDLIB_PROSE = ("argparse", "asyncio", "collections", "csv", "dataclasses", "email", "functools", "http.server",
+                "json", "logging", "pathlib", "statistics", "subprocess", "textwrap", "unittest", "urllib.request")
+STDLIB_CODE = ("textwrap.dedent", "json.dumps", "statistics.median", "shutil.which", "shutil.copytree",
+               "functools.total_ordering", "csv.DictReader.__next__", "pathlib.Path.glob", "string.capwords",
+               "difflib.get_close_matches", "heapq.nsmallest", "base64.b64encode")
+
+
 def human_text() -> list[tuple[str, str]]:
-    """Paragraphs people wrote: the field guide and this project's docs (prose, tables, commands, code)."""
-    sources = [ROOT.parent / "shared" / "reference" / "spark-vllm-guide.txt", ROOT / "README.md",
-               ROOT / "docs" / "FAULTS.md"]
+    """Paragraphs people wrote (prose, tables, commands, code): the standard library's docstrings and code, and
+    this project's docs."""
+    import importlib
+    import inspect
+
     out = []
-    for path in sources:
-        if path.exists():
-            for para in re.split(r"\n\s*\n", path.read_text()):
-                if len(para.split()) >= 8:
-                    out.append((path.name, para.strip()))
+    for name in STDLIB_PROSE:
+        doc = importlib.import_module(name).__doc__ or ""
+        out += [(f"{name} (docstring)", p.strip()) for p in re.split(r"\n\s*\n", doc) if len(p.split()) >= 8]
+    for dotted in STDLIB_CODE:
+        module, _, attr = dotted.partition(".")
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        out.append((f"{dotted} (code)", inspect.getsource(obj)))
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        out += [(path.name, p.strip()) for p in re.split(r"\n\s*\n", path.read_text()) if len(p.split()) >= 8]
     return out
 
 
