@@ -71,3 +71,47 @@ def test_only_what_people_wrote_allows_a_script_not_what_a_tool_returned():
     assert sanity.scan("压力 with.", sanity.prompt_text(body)) != []
     body["messages"][1]["content"] = "把文件读一下。"
     assert sanity.scan("压力", sanity.prompt_text(body)) == []
+
+
+# Latin-script token salad, verbatim from selftest/garbage/corpus.jsonl: SmolLM2 with every weight matrix perturbed
+# (noise-all-1.0) and under a permuted vocabulary (wrong-tokenizer), served by vLLM's CPU engine. No foreign script,
+# no NUL, no loop: only the words give it away.
+PERTURBED_SALAD = ("icule elratingacksonEndocon Governaticanone Ross transcendedtailed energy somewherecation "
+                   "sesame verses Yosegrassatches GovernScaleteneg Howardractive catersatchewan peasantxizz "
+                   "Wheneververages creamedsasciiDear Eating Klan Wheneverigan cond finer")
+TOKENIZER_SALAD = " inauguration inauguration N CombineHungarian Vaserates rinseabolismHungarian ellip aquarium"
+# Answers with code, numbers, names, URLs and identifiers in them, none of them salad.
+TECHNICAL_AND_VALID = [
+    "Use `kubectl rollout restart deployment/web` and then check https://example.com/status for the new pods.",
+    "Nguyen and Okonkwo met Jürgen in Wrocław; they flew from Reykjavík to Thessaloniki on 12 March 2024.",
+    "The function `getUserName()` returns the name; call it as user.getUserName() or via getattr(user, 'name').",
+    "```python\ndef quotechar(skipinitialspace, lineterminator):\n    return xyzzy_frobnicate(skipinitialspace)\n```\n"
+    "This helper returns the value unchanged.",
+    "Set CUDA_VISIBLE_DEVICES=0, run vllm serve Qwen/Qwen3-8B --max-model-len 32768, and read /var/log/syslog.",
+    "    for i in range(10):\n        total += weights[i] * xs[i]\nThe loop above sums the weighted values.",
+    "The answer is 42, since 6 × 7 = 42 and 0x2A is the same number in hexadecimal notation.",
+    "The ArgumentParser raises ArgumentError when an option is given twice and exits with status 2.",
+]
+
+
+@pytest.mark.parametrize("text", [PERTURBED_SALAD, TOKENIZER_SALAD], ids=["perturbed-weights", "wrong-tokenizer"])
+def test_latin_script_token_salad_is_flagged_by_its_words(text):
+    findings = sanity.scan(text, "What is the capital of France?")
+    assert [f.kind for f in findings] == ["salad"]
+    assert "words of no language" in findings[0].what
+
+
+@pytest.mark.parametrize("text", TECHNICAL_AND_VALID)
+def test_code_numbers_names_and_urls_are_not_salad(text):
+    assert sanity.scan(text, "Answer the question.") == []
+
+
+def test_a_loop_of_punctuation_among_words_is_repetition_but_a_rule_line_is_not():
+    attention_noise = " ( ( ( ( ( ( ( ( Hzs Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz ( ( like" + " (" * 50  # the corpus
+    assert [f.kind for f in sanity.scan(attention_noise)] == ["repetition"]
+    assert sanity.scan("=" * 60 + "  " + "=" * 20 + "\nName      Meaning\n" + "-" * 80) == []
+
+
+def test_a_special_token_quoted_as_code_is_talked_about_not_leaked():
+    assert sanity.scan("The parser turns the model's `<tool_call>` block into tool_calls[].") == []
+    assert [f.kind for f in sanity.scan("Sure. <tool_call> get_weather")] == ["special-token"]

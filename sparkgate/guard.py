@@ -20,35 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import SSEError
 
 from . import sanity
 from .redact import mask
-from .stream import Assembled, StreamError
+from .stream import StreamError, assembled
 
 CHAT_PATHS = ("/v1/chat/completions",)
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization",
               "proxy-authenticate", "host", "content-length", "accept-encoding"}
-
-
-class SSEReader:
-    """Server-sent events fed in as bytes arrive; each complete `data:` payload goes to an Assembled answer."""
-
-    def __init__(self) -> None:
-        self.answer = Assembled()
-        self._buffer = b""
-        self.malformed: str | None = None
-
-    def feed(self, chunk: bytes) -> None:
-        self._buffer += chunk
-        while b"\n\n" in self._buffer:
-            event, self._buffer = self._buffer.split(b"\n\n", 1)
-            data = "\n".join(line[5:].lstrip() for line in event.decode(errors="replace").splitlines()
-                             if line.startswith("data:"))
-            if data and self.malformed is None:
-                try:
-                    self.answer.feed(data)
-                except StreamError as exc:
-                    self.malformed = str(exc)
 
 
 class Recorder:
@@ -121,17 +101,19 @@ def app(upstream: str, out: Path) -> Any:
             await response.aclose()
             return Response(content, status_code=response.status_code, headers=passed)
         if "text/event-stream" in response.headers.get("content-type", ""):
-            reader = SSEReader()
+            received: list[bytes] = []
 
             async def forward():
                 try:
                     async for chunk in response.aiter_raw():
-                        yield chunk  # first to the client; reading it costs the stream nothing
-                        reader.feed(chunk)
+                        yield chunk  # first to the client; judging waits for the end of the stream
+                        received.append(chunk)
                 finally:
                     await response.aclose()
-                    if reader.malformed is None:
-                        recorder.judge(body, reader.answer.message)
+                    try:
+                        recorder.judge(body, assembled(b"".join(received)).message)
+                    except (StreamError, SSEError):
+                        pass  # not a chat completion stream: nothing the detector can read
 
             return StreamingResponse(forward(), status_code=response.status_code, headers=passed)
         content = await response.aread()

@@ -156,6 +156,7 @@ def _script_findings(text: str, allowed: Collection[str]) -> list[Finding]:
 
 
 def _token_findings(text: str, allow: Collection[str]) -> list[Finding]:
+    text = _blank(text, _FENCED, _INLINE)  # a token quoted as code is talked about, not leaked
     hits: dict[str, list[int]] = {}
     for tok in SPECIAL_TOKENS:
         if tok not in allow:
@@ -178,9 +179,9 @@ def _repetition_findings(text: str) -> list[Finding]:
         pattern = re.compile(rf"(.{{{unit_len}}})\1{{{copies},}}", re.DOTALL)
         for m in pattern.finditer(text):
             unit = m.group(1)
-            if not any(ch.isalnum() for ch in unit):
-                continue
             start, end = m.span()
+            if not unit.strip() or not any(ch.isalnum() for ch in unit) and _rule_line(text, start, end):
+                continue  # indentation, or a rule (----, ====  ====); "( ( ( ( ( (" among words is a loop
             if any(s <= start < e or s < end <= e for s, e in covered):
                 continue  # the same loop, seen with a shorter period
             covered.append((start, end))
@@ -199,14 +200,28 @@ def _repetition_findings(text: str) -> list[Finding]:
 # Token salad in the Latin script (no foreign script, no NUL, little repetition): prose whose words are mostly not
 # words of any language. Judged only on enough prose words; thresholds chosen from docs/GARBAGE.md's matrix.
 SALAD_MIN_WORDS = 8
-SALAD_UNKNOWN_SHARE = 0.5
+SALAD_UNKNOWN_SHARE = 0.3
 SALAD_MIN_ZIPF = 1.0  # wordfreq's Zipf scale: 1.0 is once per 100 million words; 0 is not in the lexicon
 LEXICON_LANGS = ("en", "de", "fr", "es", "it", "pt", "nl", "sv", "pl", "tr", "id")
 _FENCED = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
 _INLINE = re.compile(r"`[^`\n]*`")
+_INDENTED = re.compile(r"^(?: {4}|\t).*$", re.MULTILINE)  # Markdown's indented code block
 _URLISH = re.compile(r"\b(?:[a-z][a-z0-9+.-]*://|www\.)\S+|\S+@\S+\.\w+", re.IGNORECASE)
 _WORD = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*")
-_GLUED = re.compile(r"[a-z][A-Z]")  # getUserName: identifiers glued into prose
+_CASE_PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # HelpFormatter -> Help, Formatter
+
+
+def _blank(text: str, *patterns: re.Pattern[str]) -> str:
+    """`text` with what the patterns match replaced by spaces: offsets stay where they were."""
+    for pattern in patterns:
+        text = pattern.sub(lambda m: " " * len(m.group()), text)
+    return text
+
+
+def _rule_line(text: str, start: int, end: int) -> bool:
+    """Whether the lines text[start:end] lies on hold no letter or digit: a rule (----, ====  ====), not prose."""
+    line = text[text.rfind("\n", 0, start) + 1:end] + text[end:].partition("\n")[0]
+    return not any(ch.isalnum() for ch in line)
 
 
 def known_word(word: str) -> bool:
@@ -222,31 +237,34 @@ def _known(word: str) -> bool:
 
 
 def prose_words(text: str) -> list[str]:
-    """The words of the prose in `text`: fenced and inline code, URLs, e-mail addresses, and every token with a
-    digit or an identifier's punctuation (paths, versions, snake_case, calls) left out; names stay in."""
-    text = _URLISH.sub(" ", _INLINE.sub(" ", _FENCED.sub(" ", text)))
+    """The words of the prose in `text`: fenced, indented and inline code, URLs, e-mail addresses, and every token
+    with a digit or an identifier's punctuation (paths, versions, snake_case, calls) left out; names stay in."""
     words = []
-    for token in text.split():
+    for token in _blank(text, _FENCED, _INDENTED, _INLINE, _URLISH).split():
         core = token.strip("\"'“”‘’.,;:!?()[]{}*#>-")
         if core and _WORD.fullmatch(core):
             words.append(core)
     return words
 
 
+def _name(word: str) -> bool:
+    """A capitalised word the lexicons lack, in one piece: a name (Kubernetes, Nguyen). Glued words (programsMad,
+    HelpFormatter) are not names: in prose they are identifiers or salad, and salad is made of them."""
+    return word[0].isupper() and len(_CASE_PARTS.findall(word)) == 1
+
+
 def _salad_findings(text: str) -> list[Finding]:
     words = prose_words(text)
     if len(words) < SALAD_MIN_WORDS:
         return []  # a terse answer is never salad ("Got it.", "Paris")
-    # A capitalised word the lexicons lack is a name, unless glued to another (getUserName).
-    unknown = [w for w in words if not known_word(w) and (not w[0].isupper() or _GLUED.search(w))]
+    unknown = [w for w in words if not known_word(w) and not _name(w)]
     share = len(unknown) / len(words)
     if share < SALAD_UNKNOWN_SHARE:
         return []
-    first = text.find(unknown[0])
-    return [Finding("salad", max(first, 0),
+    first = max(text.find(unknown[0]), 0)
+    return [Finding("salad", first,
                     f"token salad: {len(unknown)} of {len(words)} words are words of no language "
-                    f"({', '.join(repr(w) for w in unknown[:5])}), from char {max(first, 0)}: "
-                    f"{excerpt(text, max(first, 0))}")]
+                    f"({', '.join(repr(w) for w in unknown[:5])}), from char {first}: {excerpt(text, first)}")]
 
 
 def scan(text: str, prompt: str = "", allow_tokens: Collection[str] = ()) -> list[Finding]:

@@ -88,3 +88,14 @@ class Assembled:
                 token = True
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
         return token
+
+
+def assembled(raw: bytes) -> Assembled:
+    """A whole event stream received as bytes (what a proxy forwarded), read with httpx-sse and assembled."""
+    from httpx import Response
+    from httpx_sse import EventSource
+
+    out = Assembled()
+    for event in EventSource(Response(200, headers={"content-type": "text/event-stream"}, content=raw)).iter_sse():
+        out.feed(event.data)
+    return out

@@ -11,8 +11,9 @@ engine, asked the same prompts greedily:
 The clean side is the real model's answers to the same prompts, and human text: the docstrings and code of Python's
 standard library, and the paragraphs of this project's docs (prose, tables, commands).
 
-    python -m selftest.garbage.corpus build [--only VARIANT ...]   # ~20 minutes on two cores; writes CORPUS
-    python -m selftest.garbage.corpus matrix                        # the detector's rates on it (docs/GARBAGE.md)
+    python -m selftest.garbage.corpus build [--only VARIANT ...]  # ~20 minutes on two cores; writes CORPUS
+    python -m selftest.garbage.corpus human       # the human text read again (after the docs change)
+    python -m selftest.garbage.corpus matrix      # the detector's rates on it, as docs/GARBAGE.md shows them
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -211,10 +213,19 @@ def build(only: list[str]) -> None:
                 texts = answers(srv.base_url, srv.served_name)
         kept += [{"kind": kind, "variant": name, "prompt": p, "text": t} for p, t in zip(PROMPTS, texts, strict=True)]
         print(f"{name}: {len(texts)} answers", flush=True)
-    human = human_text()
-    kept = [r for r in kept if r["kind"] != "human"] + [{"kind": "human", "variant": src_name, "prompt": "",
-                                                         "text": t} for src_name, t in human]
-    CORPUS.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+    _write(kept)
+    refresh_human()
+
+
+def _write(rows: list[dict]) -> None:
+    CORPUS.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def refresh_human() -> None:
+    """The human rows read again from their sources (seconds; no engine): after the project's docs change."""
+    kept = [r for r in (json.loads(line) for line in CORPUS.read_text().splitlines()) if r["kind"] != "human"]
+    _write(kept + [{"kind": "human", "variant": variant, "source": source, "prompt": "", "text": text}
+                   for variant, source, text in human_text()])
 
 
 # Human text everyone has: the docstrings and the code of Python's standard library, and this project's docs.
@@ -225,24 +236,26 @@ STDLIB_CODE = ("textwrap.dedent", "json.dumps", "statistics.median", "shutil.whi
                "difflib.get_close_matches", "heapq.nsmallest", "base64.b64encode")
 
 
-def human_text() -> list[tuple[str, str]]:
+def human_text() -> list[tuple[str, str, str]]:
     """Paragraphs people wrote (prose, tables, commands, code): the standard library's docstrings and code, and
-    this project's docs."""
+    this project's docs: (variant, source, text)."""
     import importlib
     import inspect
 
     out = []
     for name in STDLIB_PROSE:
         doc = importlib.import_module(name).__doc__ or ""
-        out += [(f"{name} (docstring)", p.strip()) for p in re.split(r"\n\s*\n", doc) if len(p.split()) >= 8]
+        out += [("python docstrings", name, p.strip()) for p in re.split(r"\n\s*\n", doc) if len(p.split()) >= 8]
     for dotted in STDLIB_CODE:
         module, _, attr = dotted.partition(".")
         obj = importlib.import_module(module)
         for part in attr.split("."):
             obj = getattr(obj, part)
-        out.append((f"{dotted} (code)", inspect.getsource(obj)))
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        out += [(path.name, p.strip()) for p in re.split(r"\n\s*\n", path.read_text()) if len(p.split()) >= 8]
+        out.append(("python code", dotted, inspect.getsource(obj)))
+    # docs/GARBAGE.md is left out: it shows this corpus's own matrix.
+    for path in [ROOT / "README.md", *sorted(set((ROOT / "docs").glob("*.md")) - {ROOT / "docs" / "GARBAGE.md"})]:
+        out += [("project docs", path.name, p.strip()) for p in re.split(r"\n\s*\n", path.read_text())
+                if len(p.split()) >= 8]
     return out
 
 
@@ -255,26 +268,64 @@ def matrix() -> list[dict]:
     for line in CORPUS.read_text().splitlines():
         r = json.loads(line)
         row = rows.setdefault(r["variant"], {"variant": r["variant"], "kind": r["kind"], "n": 0, "flagged": 0,
-                                             "empty": 0})
+                                             "empty": 0, "signs": Counter()})
         row["n"] += 1
         if not r["text"].strip():
             row["empty"] += 1
-        elif sanity.scan(r["text"], r["prompt"]):
+        elif findings := sanity.scan(r["text"], r["prompt"]):
             row["flagged"] += 1
+            row["signs"].update({f.kind for f in findings})
     return list(rows.values())
+
+
+def matrix_markdown(rows: list[dict]) -> str:
+    """The detection matrix as docs/GARBAGE.md shows it: one row per variant, its kind, answers, and how many the
+    detector flags (for a broken model a true positive, for clean text a false one)."""
+    lines = ["| kind | variant | answers | empty | flagged | rate | signs (answers) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    for row in rows:
+        judged = row["n"] - row["empty"]
+        lines.append(f"| {row['kind']} | {row['variant']} | {row['n']} | {row['empty']} | {row['flagged']} | "
+                     f"{row['flagged'] / max(1, judged):.0%} | "
+                     + ", ".join(f"{k} {n}" for k, n in sorted(row["signs"].items())) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep(shares: tuple[float, ...] = (0.2, 0.25, 0.3, 0.4, 0.5, 0.7)) -> str:
+    """How the salad threshold trades detection for false alarms: per kind, the share of answers flagged at each
+    SALAD_UNKNOWN_SHARE (the other signs unchanged). What docs/GARBAGE.md chose the threshold from."""
+    from sparkgate import sanity
+
+    chosen = sanity.SALAD_UNKNOWN_SHARE
+    by_kind: dict[str, list[str]] = {}
+    try:
+        for share in shares:
+            sanity.SALAD_UNKNOWN_SHARE = share
+            totals: dict[str, list[int]] = {}
+            for row in matrix():
+                t = totals.setdefault(row["kind"], [0, 0])
+                t[0] += row["flagged"]
+                t[1] += row["n"] - row["empty"]
+            for kind, (flagged, judged) in totals.items():
+                by_kind.setdefault(kind, []).append(f"{flagged / max(1, judged):.0%}")
+    finally:
+        sanity.SALAD_UNKNOWN_SHARE = chosen
+    lines = ["| kind | " + " | ".join(f"{s:g}" for s in shares) + " |", "| --- |" + " ---: |" * len(shares)]
+    lines += [f"| {kind} | " + " | ".join(rates) + " |" for kind, rates in by_kind.items()]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m selftest.garbage.corpus", description=__doc__.split("\n")[0])
-    parser.add_argument("action", choices=["build", "matrix"])
+    parser.add_argument("action", choices=["build", "human", "matrix"])
     parser.add_argument("--only", action="append", default=[], choices=sorted(VARIANTS))
     args = parser.parse_args(argv)
     if args.action == "build":
         build(args.only)
-    for row in matrix():
-        rate = row["flagged"] / max(1, row["n"] - row["empty"])
-        print(f"{row['kind']:14} {row['variant']:24} n={row['n']:4} empty={row['empty']:3} flagged={row['flagged']:4} "
-              f"({rate:.0%})")
+    elif args.action == "human":
+        refresh_human()
+    print(matrix_markdown(matrix()), end="")
+    print("\nflagged per kind at each share of unknown words (SALAD_UNKNOWN_SHARE):\n" + sweep(), end="")
     return 0
 
 

@@ -13,7 +13,7 @@ from sparkgate.probes import TIME_SCHEMA, WEATHER_SCHEMA, chat_body, time_tool, 
 
 SCHEMAS = {"get_weather": WEATHER_SCHEMA, "get_time": TIME_SCHEMA}
 TOOLS_FIX = ("serve with --enable-auto-tool-choice and the --tool-call-parser that matches the model's format "
-             "(qwen3_coder or qwen3_xml for Qwen3, hermes for Hermes-style templates); a <tool_call> left in "
+             "(qwen3_coder or qwen3_xml for Qwen3, hermes for Hermes-style templates); a `<tool_call>` left in "
              "the content means the parser did not recognise the model's output")
 
 
@@ -83,7 +83,7 @@ def test_a_named_tool_choice_calls_that_function(check, server, endpoint, tools_
 
 
 @pytest.mark.check("SERVE-TOOLS-AUTO", why="with tool_choice=auto (what agents send) the model's call must be "
-                   "parsed into tool_calls[]; the guide's broken server left it as <tool_call> text in the "
+                   "parsed into tool_calls[]; the guide's broken server left it as `<tool_call>` text in the "
                    "content, where no agent looks", fix=TOOLS_FIX)
 @pytest.mark.parametrize(("question", "expect_name", "expect_value"), [
     ("What is the weather in Paris?", "get_weather", "Paris"),
