@@ -107,7 +107,8 @@ def test_code_numbers_names_and_urls_are_not_salad(text):
 
 
 def test_a_loop_of_punctuation_among_words_is_repetition_but_a_rule_line_is_not():
-    attention_noise = " ( ( ( ( ( ( ( ( Hzs Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz ( ( like" + " (" * 50  # the corpus
+    # what noise in the attention weights answered (selftest/garbage/corpus.jsonl), abridged
+    attention_noise = " ( ( ( ( ( ( ( ( Hzs Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz Hz ( ( like" + " (" * 50
     assert [f.kind for f in sanity.scan(attention_noise)] == ["repetition"]
     assert sanity.scan("=" * 60 + "  " + "=" * 20 + "\nName      Meaning\n" + "-" * 80) == []
 

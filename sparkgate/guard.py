@@ -13,9 +13,11 @@ image bump.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +83,10 @@ def app(upstream: str, out: Path) -> Any:
     recorder = Recorder(out, upstream)
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30), limits=httpx.Limits(max_connections=None))
 
-    async def startup() -> None:
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
         await recorder.learn_facts(client)
-
-    async def shutdown() -> None:
+        yield
         await client.aclose()
 
     async def proxy(request: Request) -> Response:
@@ -125,8 +127,7 @@ def app(upstream: str, out: Path) -> Any:
         return Response(content, status_code=response.status_code, headers=passed)
 
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
-    application = Starlette(routes=[Route("/{path:path}", proxy, methods=methods)], on_startup=[startup],
-                            on_shutdown=[shutdown])
+    application = Starlette(routes=[Route("/{path:path}", proxy, methods=methods)], lifespan=lifespan)
     application.state.recorder = recorder
     return application
 

@@ -34,6 +34,20 @@ def said(answer: str, text: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(answer)}(?![\w]|\.\d)", text, re.IGNORECASE) is not None
 
 
+# What a model asked to say hello says, in the languages the suite's prompts might get an answer in.
+GREETINGS = ("hello", "hi", "hey", "greetings", "welcome", "howdy", "good morning", "good day", "hallo", "bonjour",
+             "hola")
+
+
+GREETING_WITHIN_WORDS = 8  # "Hello!", "Sure! Hello there.": a model that says hello says it first
+
+
+def greets(text: str) -> bool:
+    """A greeting among the first words of `text` (one deep inside token salad is chance, not an answer)."""
+    opening = " ".join(text.split()[:GREETING_WITHIN_WORDS])
+    return any(said(g, opening) for g in GREETINGS)
+
+
 @dataclass(frozen=True)
 class Probe:
     """A question with one known short answer: a working model of any size gets it right."""

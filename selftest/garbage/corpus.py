@@ -33,6 +33,8 @@ from pathlib import Path
 import httpx
 import yaml
 
+from sparkgate.sanity import JUDGED_TOKENS
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 CORPUS = HERE / "corpus.jsonl"
@@ -176,7 +178,7 @@ VARIANTS: dict[str, tuple[str, Callable[[Path, Path], list[str]]]] = {
 
 def answers(base_url: str, model: str) -> list[str]:
     def ask(prompt: str) -> str:
-        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 80,
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": JUDGED_TOKENS,
                 "temperature": 0}
         response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=300)
         if response.status_code != 200:
