@@ -34,7 +34,9 @@ def said(answer: str, text: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(answer)}(?![\w]|\.\d)", text, re.IGNORECASE) is not None
 
 
-# What a model asked to say hello says, in the languages the suite's prompts might get an answer in.
+# Asked so, even the embedded default (135M) opens with "Hello" ("Say hello in one short sentence." it does not).
+GREET = "Greet me with the word hello."
+# What a model asked to greet says, in the languages the suite's prompts might get an answer in.
 GREETINGS = ("hello", "hi", "hey", "greetings", "welcome", "howdy", "good morning", "good day", "hallo", "bonjour",
              "hola")
 

@@ -5,7 +5,7 @@ import openai
 import pytest
 
 from sparkgate import sanity
-from sparkgate.probes import COHERENCE, GREETINGS, chat_body, greets
+from sparkgate.probes import COHERENCE, GREET, GREETINGS, chat_body, greets
 
 
 @pytest.fixture
@@ -55,16 +55,15 @@ def test_the_health_endpoint_answers(check, api):
 )
 def test_a_chat_completion_returns_text_and_usage(check, server, endpoint):
     """A non-streamed chat completion MUST return clean text that does what was asked, and a usage block."""
-    data = endpoint.chat(chat_body(server.served_name, "Say hello in one short sentence.",
-                                   max_tokens=sanity.JUDGED_TOKENS))
+    data = endpoint.chat(chat_body(server.served_name, GREET, max_tokens=sanity.JUDGED_TOKENS))
     text = data["choices"][0].get("message", {}).get("content") or ""
     usage = data.get("usage") or {}
     check.that(bool(text.strip()) and usage.get("completion_tokens", 0) > 0,
                expected="message.content and usage.completion_tokens > 0",
                found=f"content {text[:80]!r}, usage {usage}")
-    # Words that pass the detector can still be salad of real words; a model asked to say hello that does not
-    # is not answering. Why it does not is SERVE-COHERENCE's and SERVE-SANITY's to diagnose.
-    check.that(greets(text), expected=f"a greeting ({', '.join(GREETINGS[:4])}, ...) opening the answer to 'Say hello'",
+    # Words that pass the detector can still be salad of real words; a model asked to greet that does not is not
+    # answering. Why it does not is SERVE-COHERENCE's and SERVE-SANITY's to diagnose.
+    check.that(greets(text), expected=f"a greeting ({', '.join(GREETINGS[:4])}, ...) opening the answer to {GREET!r}",
                found=repr(text[:200]),
                why="a chat endpoint that answers something else than what was asked serves no one (the same defect "
                    "as SERVE-COHERENCE's, which diagnoses answers that miss a known answer: read its message first)")
