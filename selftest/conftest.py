@@ -66,11 +66,16 @@ def dock():
 EMBEDDED_PORT = 18005
 
 
+def move_port(data: dict, port: int) -> None:
+    """A recipe's data (as loaded from its YAML) moved to serve on `port`."""
+    data["port"] = port
+    data["serve_args"][data["serve_args"].index("--port") + 1] = str(port)
+
+
 def embedded_recipe_dir(where: Path, port: int = EMBEDDED_PORT) -> Path:
     """A recipes folder holding the embedded default, moved to `port`."""
     data = yaml.safe_load((RECIPES_DIR / "smollm2-cpu.yaml").read_text())
-    data["port"] = port
-    data["serve_args"][data["serve_args"].index("--port") + 1] = str(port)
+    move_port(data, port)
     where.mkdir(parents=True, exist_ok=True)
     (where / "smollm2-cpu.yaml").write_text(yaml.safe_dump(data))
     return where

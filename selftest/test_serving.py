@@ -20,16 +20,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from sparkgate import embedded
 from sparkgate.launch import cache_dir, serving
 from sparkgate.probes import chat_body
-from sparkgate.recipes import RECIPES_DIR, Recipe, load_profiles
+from sparkgate.recipes import Recipe, load_profiles, load_recipes
 
-from .conftest import embedded_recipe_dir
+from .conftest import embedded_recipe_dir, move_port
 from .garbage.corpus import DAMAGED, perturbed
-from .test_suite import ROOT, local_mem_available, run_suite
+from .test_suite import ROOT, broken_recipe, local_mem_available, run_suite
 
 PORTS = {"random": 18001, "damaged": 18003}  # the clean model is the session's embedded_server
 GUARD_PORT = 18004
@@ -44,21 +43,15 @@ JUDGED_ON_THEIR_OWN = ["test_the_served_name_is_listed", "test_the_health_endpoi
 
 
 def recipe_for(kind: str, tmp: Path) -> Recipe:
-    data = yaml.safe_load((RECIPES_DIR / "smollm2-cpu.yaml").read_text())
-    port = PORTS[kind]
-    data["serve_args"][data["serve_args"].index("--port") + 1] = str(port)
-    data["port"] = port
-    if kind == "random":
-        data["serve_args"] += ["--load-format", "dummy"]
-    elif kind == "damaged":
-        folder = tmp / "damaged"
-        where, strength = DAMAGED
-        perturbed(where, strength)(embedded.prepare("embedded:smollm2", cache_dir()), folder)
-        data["model"] = {**data["model"], "id": str(folder), "source": None}
-    d = tmp / "recipes"
-    d.mkdir(exist_ok=True)
-    (d / "smollm2-cpu.yaml").write_text(yaml.safe_dump(data))
-    return Recipe.model_validate(data).model_copy(update={"source_file": d / "smollm2-cpu.yaml"})
+    def change(data: dict) -> None:
+        move_port(data, PORTS[kind])
+        if kind == "random":
+            data["serve_args"] += ["--load-format", "dummy"]
+        elif kind == "damaged":
+            where, strength = DAMAGED
+            perturbed(where, strength)(embedded.prepare("embedded:smollm2", cache_dir()), tmp / "damaged")
+            data["model"] = {**data["model"], "id": str(tmp / "damaged"), "source": None}
+    return load_recipes(Path(broken_recipe(tmp, change)))["smollm2-cpu"]
 
 
 @pytest.fixture(scope="module")

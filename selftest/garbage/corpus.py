@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from sparkgate.probes import chat_body
 from sparkgate.sanity import JUDGED_TOKENS
 
 HERE = Path(__file__).resolve().parent
@@ -178,8 +179,7 @@ VARIANTS: dict[str, tuple[str, Callable[[Path, Path], list[str]]]] = {
 
 def answers(base_url: str, model: str) -> list[str]:
     def ask(prompt: str) -> str:
-        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": JUDGED_TOKENS,
-                "temperature": 0}
+        body = chat_body(model, prompt, JUDGED_TOKENS)
         response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=300)
         if response.status_code != 200:
             return ""
@@ -194,6 +194,7 @@ def build(only: list[str]) -> None:
     from sparkgate.launch import cache_dir, serving
     from sparkgate.recipes import RECIPES_DIR, Recipe, load_profiles
 
+    from ..conftest import move_port
     from ..test_suite import local_mem_available
 
     src = embedded.prepare("embedded:smollm2", cache_dir())
@@ -206,10 +207,9 @@ def build(only: list[str]) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp) / name
             extra = make(src, folder)
-            data = {**base, "name": "corpus", "port": PORT}
+            data = {**base, "name": "corpus", "serve_args": [*base["serve_args"], *extra]}
             data["model"] = {**base["model"], "id": str(folder), "source": None}
-            args = [a if a != "18000" else str(PORT) for a in base["serve_args"]]
-            data["serve_args"] = [*args, *extra]
+            move_port(data, PORT)
             recipe = Recipe.model_validate(data)
             with serving(recipe, load_profiles()["cpu"], local_mem_available, print, 900) as srv:
                 texts = answers(srv.base_url, srv.served_name)
