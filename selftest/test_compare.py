@@ -2,7 +2,7 @@
 one table; llama-benchy's formats read beside llama-benchy's own; the upgrade gate in one pytest command.
 
 All against the session's embedded server (the real vLLM engine on the CPU). The slowed engine is that same server
-held to half of this machine's CPU time by a cgroup quota: a real slowdown, of every figure at once.
+held to a third of this machine's CPU time by a cgroup quota: a real slowdown, of every figure at once.
 
 This machine is a shared VM: two runs of one unchanged server drift apart far more than on a Spark, so its gates
 and comparisons use the tolerance its own drift needs (TOLERANCE, from `python -m selftest.false_alarms`), and the
@@ -22,6 +22,9 @@ import sys
 
 import pytest
 
+from sparkgate.compare import compare_figure
+from sparkgate.measure import Figure
+from sparkgate.results import Measurement
 from sparkgate.table import read_llama_benchy
 from sparkgate.workloads import FILLER
 
@@ -30,10 +33,12 @@ from .test_suite import ARTIFACTS, ROOT, TESTS
 
 # The figures an upgrade gate holds most dearly, each over several requests: ~2.5 min a run here.
 SELECTION = "forced or decode_under_concurrency"
-# Same-server drift on this VM, measured (README): 1 figure comparison in 200 beyond 40% (TTFT at 1 concurrent,
-# +55%), 2 beyond 30%; the engine held to half its CPU was 49-63% slower on every decode figure. The two overlap at
-# their edges here: a same-engine false red at 40% is rare, not impossible.
-TOLERANCE = 40
+# Same-server drift on this VM, measured (README): 2 figure comparisons in 200 more than 50% slower (natural decode,
+# 55%), none beyond 75%; a CI run once saw 52%. Twice as slow is well beyond that drift, and the engine held to a
+# third of the CPU well beyond twice as slow (its decode figures at a quarter: 4.3 to 4.8 times as slow; at half:
+# 2.0 to 2.7).
+TOLERANCE = 100
+SLOWED_SHARE = 3  # the slowed engine gets 1/SLOWED_SHARE of this machine's CPU time
 DECODE_FIGURES = ["forced-length decode, per request (not a feel figure)", "decode per request at 1 concurrent",
                   "decode per request at 4 concurrent", "inter-token latency at 1 concurrent",
                   "inter-token latency at 4 concurrent"]
@@ -54,15 +59,15 @@ def cli(*args):
 
 @pytest.fixture(scope="module")
 def runs(embedded_server, tmp_path_factory):
-    """before: the good engine; again: the same engine, gated on before; slowed: the engine held to half the CPU,
-    gated on before. (name -> (results file, the pytest run))."""
+    """before: the good engine; again: the same engine, gated on before; slowed: the engine held to a third of the
+    CPU, gated on before. (name -> (results file, the pytest run))."""
     d = tmp_path_factory.mktemp("runs")
     out = {"before": (d / "before.json", suite(embedded_server, d / "before.json", "--submitter=selftest",
                                                "--notes=the good engine"))}
     assert out["before"][1].returncode == 0, out["before"][1].stdout[-3000:]
     gate = (f"--baseline={d / 'before.json'}", f"--tolerance={TOLERANCE}")
     out["again"] = (d / "again.json", suite(embedded_server, d / "again.json", *gate))
-    with cpu_quota(server_group(embedded_server), (os.cpu_count() or 2) / 2):
+    with cpu_quota(server_group(embedded_server), (os.cpu_count() or 2) / SLOWED_SHARE):
         out["slowed"] = (d / "slowed.json", suite(embedded_server, d / "slowed.json", *gate))
     return out
 
@@ -76,7 +81,7 @@ def test_a_second_run_of_the_same_engine_passes_the_baseline_gate(runs):
 def test_two_runs_of_one_server_compare_green(runs):
     result = cli("compare", "--tolerance", TOLERANCE, runs["before"][0], runs["again"][0])
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"no regression: no figure worse by more than {TOLERANCE}% beyond the noise" in result.stdout
+    assert f"no regression: no figure slower by more than {TOLERANCE}% beyond the noise" in result.stdout
 
 
 def test_the_baseline_gate_turns_a_slowed_engine_red_in_one_command(runs):
@@ -104,8 +109,25 @@ def test_a_slowed_engine_compares_red_on_every_decode_figure_naming_each(runs):
     assert "confidence" in head
 
 
+def test_a_speed_and_its_latency_slowed_alike_get_one_verdict():
+    """Decode speed and inter-token latency are one slowdown seen twice (CI once saw it as -34% and +51%): the same
+    "slower by", the same p, the same verdict."""
+    def figure(unit, values):
+        return Measurement(**Figure.of("decode", unit, values, {"prompt": "short"}).model_dump(), recipe="r",
+                           check="PERF-CONCURRENT")
+
+    before, after = [19.1, 20.9, 19.4], [13.0, 13.2, 13.1]  # tok/s
+    speed = compare_figure(figure("tok/s", before), figure("tok/s", after), tolerance_pct=40)
+    latency = compare_figure(figure("ms", [1000 / v for v in before]), figure("ms", [1000 / v for v in after]),
+                             tolerance_pct=40)
+    assert speed.worse_by == pytest.approx(latency.worse_by, rel=0.01) and speed.worse_by > 0.5
+    assert speed.p_value == pytest.approx(latency.p_value) and speed.p_value < 0.01
+    assert speed.regressed and latency.regressed
+
+
 def test_a_check_newly_failing_compares_red(runs, tmp_path):
-    data = json.loads(runs["again"][0].read_text())
+    """The candidate is the baseline itself with one check failing: only that check can make it red."""
+    data = json.loads(runs["before"][0].read_text())
     forced = next(c for c in data["checks"] if c["id"] == "PERF-FORCED")
     forced.update(outcome="failed", message="[PERF-FORCED] A forced-length request MUST return exactly ...")
     candidate = tmp_path / "candidate.json"

@@ -267,7 +267,7 @@ def test_an_unreachable_host_is_one_error_not_one_per_test(pytester):
          "--image vllm/vllm-openai:new: smollm2-cpu runs as a process, not from an image"),
         (["--baseline=/nonexistent/before.json"], "--baseline /nonexistent/before.json: not a readable sparkgate "
                                                   "results file"),
-        (["--tolerance=-5"], "--tolerance -5: a percentage from 0 up to (not including) 100"),
+        (["--tolerance=-5"], "--tolerance -5: a percentage of 0 or more is how much slower"),
     ],
 )
 def test_bad_options_are_usage_errors(pytester, args, message):

@@ -175,11 +175,12 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"where recipes are read from (default: {RECIPES_DIR})")
     sub.add_parser("results-schema", help="print the JSON Schema of --results-json files")
     cmp = sub.add_parser("compare", help="two results files side by side; exit 1 on a regression",
-                         description=compare_doc())
+                         description=compare_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
     cmp.add_argument("baseline", type=Path)
     cmp.add_argument("candidate", type=Path)
     cmp.add_argument("--tolerance", type=float, default=TOLERANCE_PCT, metavar="PCT",
-                     help=f"the smallest drop that counts, in percent (default {TOLERANCE_PCT:g})")
+                     help=f"how much slower a figure may get, in percent (100: twice as slow; default "
+                          f"{TOLERANCE_PCT:g})")
     tab = sub.add_parser("table", help="many results files as one table")
     tab.add_argument("files", type=Path, nargs="+", metavar="FILE")
     tab.add_argument("--format", default="md", choices=FORMATS, help="(default: md)")

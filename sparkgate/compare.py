@@ -1,14 +1,19 @@
 """Two results files side by side: which figures regressed, by how much, with what confidence, and which checks
 newly fail. One rule, used by `sparkgate compare` and by a run's `--baseline` alike:
 
-A figure regressed when it moved the wrong way (down for a speed, up for a time) by more than the tolerance AND the
-move is beyond the noise of both samples: Welch's t-test (scipy), one-sided, at p < ALPHA. A bare ratio of means
-would cry wolf on every noisy pair; a test alone would flag drops too small to matter. The test's samples are the
-independent repetitions: one request at concurrency 1, one round (the mean of its c requests) at concurrency c, since
-the requests of one round share one batch and rise and fall together; counting them as c samples would read a
-run-to-run drift as a significant change. A figure with fewer than two repetitions on a side (an aggregate, a
-server-side counter, a sweep's single round per level) cannot be tested and is shown, never judged. A check that
-passed in the baseline and fails in the candidate is a regression.
+A figure regressed when it got slower by more than the tolerance AND the move is beyond the noise of both samples:
+Welch's t-test (scipy), one-sided, on the logarithms, at p < 0.01 (ALPHA). A bare ratio of means would cry wolf on every
+noisy pair; a test alone would flag drops too small to matter. The test's samples are the independent repetitions: one
+request at concurrency 1, one round (the mean of its c requests) at concurrency c, since the requests of one round share
+one batch and rise and fall together; counting them as c samples would read a run-to-run drift as a significant change.
+A figure with fewer than two repetitions on a side (an aggregate, a server-side counter, a sweep's single round per
+level) cannot be tested and is shown, never judged. A check that passed in the baseline and fails in the candidate is a
+regression.
+
+"Slower by X%" is one measure for times and rates alike: a time X% longer, or a rate at which the same work takes X%
+longer (tok/s falling from 100 to 100 / (1 + X/100)). Judged on the change of a rate instead, a decode speed and its
+inter-token latency, one slowdown seen twice, would get two verdicts (-34% against +51%), and no tolerance of 100% or
+more could ever flag a rate.
 
 Figures are matched by recipe, check and name; a pair whose shape or method differs is not comparable, and the
 comparison is refused with the reason rather than judged.
@@ -40,7 +45,7 @@ class FigureComparison:
     base: Figure
     cand: Figure
     change: float  # candidate / baseline - 1 (signed)
-    worse_by: float  # how much worse, as a fraction (negative: better)
+    worse_by: float  # how much slower, as a fraction of the baseline's time for the same work (negative: faster)
     p_value: float | None  # None: not testable (fewer than 2 repetitions on a side, or no spread at all)
     regressed: bool
 
@@ -54,8 +59,9 @@ class FigureComparison:
 
     def describe(self) -> str:
         conf = f", confidence {1 - self.p_value:.1%} (p={self.p_value:.2g})" if self.p_value is not None else ""
+        slower = f", {self.worse_by:.0%} slower" if self.base.higher_is_better and self.worse_by > 0 else ""
         return (f"{self.recipe} [{self.check}] {self.name}: {self.base.mean:.2f} -> {self.cand.mean:.2f} {self.unit} "
-                f"({self.change:+.1%}{conf})")
+                f"({self.change:+.1%}{slower}{conf})")
 
 
 @dataclass
@@ -74,11 +80,16 @@ class Comparison:
 
 
 def p_worse(base: list[float], cand: list[float], higher_is_better: bool) -> float | None:
-    """One-sided Welch's t-test: the probability of a move this far the wrong way if nothing changed."""
+    """One-sided Welch's t-test: the probability of a move this far the wrong way if nothing changed.
+
+    On the logarithms of the repetitions: a slowdown multiplies a time and divides a rate, so on a log scale a rate
+    and its time (decode speed, inter-token latency) get the same p, as they get the same "slower by"."""
     if len(base) < 2 or len(cand) < 2:
         return None
     from scipy import stats
 
+    if min(base) > 0 and min(cand) > 0:
+        base, cand = [math.log(v) for v in base], [math.log(v) for v in cand]
     if max(base) == min(base) and max(cand) == min(cand):  # no spread at all: the test is undefined
         return None
     result = stats.ttest_ind(cand, base, equal_var=False, alternative="less" if higher_is_better else "greater")
@@ -92,10 +103,18 @@ def repetitions(m: Measurement) -> list[float]:
     return [statistics.fmean(m.raw[i:i + c]) for i in range(0, len(m.raw), c)]
 
 
+def slower_by(base: float, cand: float, higher_is_better: bool) -> float:
+    """How much longer the same work takes in the candidate, as a fraction (negative: faster)."""
+    new_time, old_time = (base, cand) if higher_is_better else (cand, base)  # a rate's time is its reciprocal
+    if old_time <= 0:
+        return 0.0 if new_time <= 0 else math.inf
+    return new_time / old_time - 1
+
+
 def compare_figure(base: Measurement, cand: Measurement, tolerance_pct: float = TOLERANCE_PCT,
                    alpha: float = ALPHA) -> FigureComparison:
     change = cand.mean / base.mean - 1 if base.mean else 0.0
-    worse_by = -change if base.higher_is_better else change
+    worse_by = slower_by(base.mean, cand.mean, base.higher_is_better)
     p = p_worse(repetitions(base), repetitions(cand), base.higher_is_better)
     regressed = p is not None and p < alpha and worse_by * 100 > tolerance_pct
     return FigureComparison(base.recipe, base.check, base.name, base.unit, base, cand, change, worse_by, p,
@@ -136,13 +155,13 @@ def report(comparison: Comparison, tolerance_pct: float = TOLERANCE_PCT, alpha: 
     """The comparison as a person reads it: the verdict first, then every figure side by side."""
     lines = []
     if comparison.regressed:
-        lines.append(f"REGRESSED: {len(comparison.regressions)} figure(s) worse by more than {tolerance_pct:g}% "
+        lines.append(f"REGRESSED: {len(comparison.regressions)} figure(s) slower by more than {tolerance_pct:g}% "
                      f"beyond the noise (Welch's t-test, p < {alpha:g}), {len(comparison.new_failures)} check(s) "
                      "newly failing")
         lines += [f"  {f.describe()}" for f in comparison.regressions]
         lines += [f"  newly failing: {f}" for f in comparison.new_failures]
     else:
-        lines.append(f"no regression: no figure worse by more than {tolerance_pct:g}% beyond the noise "
+        lines.append(f"no regression: no figure slower by more than {tolerance_pct:g}% beyond the noise "
                      f"(p < {alpha:g}), no check newly failing")
     lines.append("")
     lines.append(f"{'figure':70} {'baseline':>22} {'candidate':>22} {'change':>8} {'p':>8}  verdict")

@@ -63,9 +63,9 @@ class State:
         self.results = ResultsFile(Path(opt.sg_results_json) if opt.sg_results_json else None,
                                    Submitter(name=opt.sg_submitter, notes=opt.sg_notes))
         self.baseline: Results | None = None
-        if not 0 <= opt.sg_tolerance < 100:
-            raise pytest.UsageError(f"--tolerance {opt.sg_tolerance:g}: a percentage from 0 up to (not including) "
-                                    "100 is how much worse a figure may get")
+        if not opt.sg_tolerance >= 0:  # NaN too
+            raise pytest.UsageError(f"--tolerance {opt.sg_tolerance:g}: a percentage of 0 or more is how much slower "
+                                    "a figure may get (100: twice as slow)")
         if opt.sg_baseline:
             try:
                 self.baseline = load(Path(opt.sg_baseline))
@@ -254,9 +254,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="a results file of the last good run: every perf check also fails on a figure "
                          "significantly worse than there, by `sparkgate compare`'s rule (default: floors only)")
     group.addoption("--tolerance", dest="sg_tolerance", type=float, default=TOLERANCE_PCT, metavar="PCT",
-                    help="with --baseline: how much worse a figure may get before it is judged (and only then "
-                         "if beyond the noise); raise it on a box whose runs drift: compare two runs of an "
-                         "unchanged server to see how far (default: %(default)s)")
+                    help="with --baseline: how much slower a figure may get (100: twice as slow) before it is "
+                         "judged (and only then if beyond the noise); raise it on a box whose runs drift: compare "
+                         "two runs of an unchanged server to see how far (default: %(default)s)")
     group.addoption("--repro-dir", dest="sg_repro_dir", action="append", default=None, metavar="DIR",
                     help="more stored request bodies (*.json) to replay on every run, besides the shipped "
                          "ones (repeatable; default: the shipped ones only)")

@@ -200,10 +200,17 @@ def _repetition_findings(text: str) -> list[Finding]:
 # The detector's rates (docs/GARBAGE.md) are measured on answers of up to this many tokens: a check that judges one
 # answer for garbage gives it this much room (a healthy model says what it has to say in far fewer).
 JUDGED_TOKENS = 80
+
+
+def diagnosed_by(check_id: str, what: str) -> str:
+    """What a check's message adds when another check diagnoses the cause: one defect reads as one failure."""
+    return f"(the same defect as {check_id}'s, which diagnoses {what}: read its message first)"
+
+
 # Why a structured answer (JSON, tool-call arguments) cut off at max_tokens fails: said by the checks that see it, so
 # that a garbage model reads as one cause.
 CUT_SHORT_WHY = ("the answer ran to max_tokens inside its JSON: the model loops or rambles instead of answering "
-                 "(the same defect as SERVE-SANITY's, which diagnoses garbage answers: read its message first)")
+                 + diagnosed_by("SERVE-SANITY", "garbage answers"))
 # Token salad in the Latin script (no foreign script, no NUL, little repetition): prose whose words are mostly not
 # words of any language. Judged only on enough prose words; thresholds chosen from docs/GARBAGE.md's matrix.
 SALAD_MIN_WORDS = 8

@@ -116,7 +116,7 @@ def pytest_runtest_call(item):
         option = item.config.option
         pytest.fail(Check.of(item).message(
             expected=f"no figure significantly worse than in the baseline {option.sg_baseline} (more than "
-                     f"{option.sg_tolerance:g}% worse, beyond the noise of both: Welch's t-test, p < {ALPHA:g})",
+                     f"{option.sg_tolerance:g}% slower, beyond the noise of both: Welch's t-test, p < {ALPHA:g})",
             found="; ".join(problems),
             why=f"the baseline is this box before the change ({_baseline_of(state.baseline)}); a figure that got "
                 "significantly worse is what the change did to every user, even above the floor",

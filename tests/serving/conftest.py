@@ -155,8 +155,7 @@ class Endpoint:
         too, they fail on the same defect."""
         __tracebackhide__ = True
         findings = sanity.scan_message(message, sanity.prompt_text(body))
-        same = "" if self.check.id == SANITY_CHECK else (
-            f" (the same defect as {SANITY_CHECK}'s, which diagnoses garbage answers: read its message first)")
+        same = "" if self.check.id == SANITY_CHECK else " " + sanity.diagnosed_by(SANITY_CHECK, "garbage answers")
         self.check.that(
             not findings,
             expected="a clean answer" + (f" to {label}" if label else "") + ": no NUL or control bytes, no "

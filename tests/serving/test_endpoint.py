@@ -65,8 +65,8 @@ def test_a_chat_completion_returns_text_and_usage(check, server, endpoint):
     # answering. Why it does not is SERVE-COHERENCE's and SERVE-SANITY's to diagnose.
     check.that(greets(text), expected=f"a greeting ({', '.join(GREETINGS[:4])}, ...) opening the answer to {GREET!r}",
                found=repr(text[:200]),
-               why="a chat endpoint that answers something else than what was asked serves no one (the same defect "
-                   "as SERVE-COHERENCE's, which diagnoses answers that miss a known answer: read its message first)")
+               why="a chat endpoint that answers something else than what was asked serves no one "
+                   + sanity.diagnosed_by("SERVE-COHERENCE", "answers that miss a known answer"))
 
 
 @pytest.mark.check(
