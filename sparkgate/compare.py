@@ -104,11 +104,13 @@ def repetitions(m: Measurement) -> list[float]:
 
 
 def slower_by(base: float, cand: float, higher_is_better: bool) -> float:
-    """How much longer the same work takes in the candidate, as a fraction (negative: faster)."""
-    new_time, old_time = (base, cand) if higher_is_better else (cand, base)  # a rate's time is its reciprocal
-    if old_time <= 0:
-        return 0.0 if new_time <= 0 else math.inf
-    return new_time / old_time - 1
+    """How much longer the same work takes in the candidate, as a fraction (negative: faster). A time compares as it
+    is; a rate through its reciprocal, the time of one unit of work."""
+    if higher_is_better:
+        base, cand = cand, base  # the times' cand / base is the rates' base / cand
+    if base <= 0:
+        return 0.0 if cand <= 0 else math.inf
+    return cand / base - 1
 
 
 def compare_figure(base: Measurement, cand: Measurement, tolerance_pct: float = TOLERANCE_PCT,
