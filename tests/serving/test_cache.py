@@ -25,8 +25,10 @@ def test_a_repeated_request_answers_the_same_uncached_and_cached(check, server, 
     """A greedy request sent twice (uncached, then from the prefix cache) MUST answer cleanly and the same."""
     # A fresh nonce first, so the first send cannot hit a cache left by an earlier run.
     system = f"Session {uuid.uuid4().hex}.\n{NOTES}"
+    # Cached and uncached garbage agree, so only the detector can fail a broken model here: it gets the room its
+    # rates were measured with (a healthy model answers in far fewer tokens).
     body = chat_body(server.served_name, "According to the notes, what colour is the lighthouse door? "
-                                         "Answer in one short sentence.", max_tokens=32)
+                                         "Answer in one short sentence.", max_tokens=sanity.JUDGED_TOKENS)
     body["messages"].insert(0, {"role": "system", "content": system})
     answers, hits, unavailable = [], [], None
 
