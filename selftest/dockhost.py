@@ -26,11 +26,11 @@ import yaml
 
 from selftest.testhost.spark01 import HostSpec, TestHost, build_rootfs, cache_dir
 from sparkgate import embedded
-from sparkgate.launch import cache_dir as sparkgate_cache
 from sparkgate.launch.docker_engine import DockerEngine
+from sparkgate.proc import cache_dir as sparkgate_cache
 from sparkgate.recipes import Recipe
 
-from .test_suite import run_suite
+from .helpers import run_suite
 
 HOST = dict(name="spark01d", index=3)  # its own name and address: the host-layer self-tests use spark01
 IMAGE, IMAGE_AMD64 = "sparkgate/vllm-cpu:arm64", "sparkgate/vllm-cpu:amd64"

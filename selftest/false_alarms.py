@@ -23,7 +23,7 @@ from sparkgate.launch import serving
 from sparkgate.recipes import load_profiles, load_recipes
 from sparkgate.results import Results, load
 
-from .conftest import embedded_recipe_dir
+from .helpers import embedded_recipe_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 # Every check whose figures a gate tests (two or more repetitions); the capacity sweep's are one round per level.

@@ -28,8 +28,7 @@ from sparkgate.results import Measurement
 from sparkgate.table import read_llama_benchy
 from sparkgate.workloads import FILLER
 
-from .conftest import cpu_quota, server_group
-from .test_suite import ARTIFACTS, ROOT, TESTS
+from .helpers import ARTIFACTS, ROOT, TESTS, cpu_quota, server_group
 
 # The figures an upgrade gate holds most dearly, each over several requests: ~2.5 min a run here.
 SELECTION = "forced or decode_under_concurrency"

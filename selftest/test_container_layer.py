@@ -31,7 +31,7 @@ from .dockhost import (
     wait_serving,
     write_recipe,
 )
-from .test_suite import run_suite
+from .helpers import run_suite
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs root (network namespaces)")
 

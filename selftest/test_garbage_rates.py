@@ -15,7 +15,7 @@ import pytest
 from sparkgate import sanity
 
 from .garbage.corpus import CORPUS, matrix, matrix_markdown
-from .test_suite import ROOT
+from .helpers import ROOT
 
 ROWS = matrix()
 # The least share of its (non-empty) answers the detector flags, per kind of broken model: the rates measured

@@ -12,7 +12,7 @@ import pytest
 
 from selftest.testhost.spark01 import CANONICAL_SIGNER, HostSpec, TestHost
 
-from .test_suite import broken_recipe, run_suite
+from .helpers import broken_recipe, run_suite
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs root (network namespaces)")
 NEXT = "6.17.0-1031-nvidia"  # a newer kernel an upgrade installed: GRUB boots it next

@@ -14,7 +14,7 @@ import venv
 
 import pytest
 
-from .test_suite import ROOT
+from .helpers import ROOT
 
 # The whole module runs first (one wheel, one virtualenv), on a clean machine: it runs this machine's host checks.
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="checks the local host as root, like the other self-tests"),

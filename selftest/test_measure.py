@@ -120,7 +120,7 @@ def test_client_timing_ceiling_is_printed(reference):
 def test_the_recording_guard_adds_under_one_percent_to_a_stream_at_1000_tok_s(reference, tmp_path):
     """A benchmark: the inter-token latency a client measures through `sparkgate guard`, against the same stream
     read directly, at 1,000 tok/s (the reference server and the guard on one core, the client on the other)."""
-    from .test_serving import guard
+    from .helpers import guard
 
     server_core = sorted(os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)))[-1]
     proc = guard(reference, tmp_path / "repro", port=PORT + 1, cpu=server_core)

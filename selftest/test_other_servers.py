@@ -22,7 +22,7 @@ import pytest
 from sparkgate import embedded
 from sparkgate.results import Results
 
-from .test_suite import ROOT, broken_recipe, run_suite
+from .helpers import ROOT, broken_recipe, run_suite
 
 LLAMA_PORT, ODD_PORT = 18140, 18141
 

@@ -16,7 +16,7 @@ import yaml
 from sparkgate.launch import serving
 from sparkgate.recipes import RECIPES_DIR, load_profiles, load_recipes
 
-from .test_suite import local_mem_available, run_suite, sparkgate_cli
+from .helpers import local_mem_available, run_suite, sparkgate_cli
 
 PORT = 18150
 TOKEN, KEY, PASSWORD = "hf_plantedToken0123456789abcdefgh", "planted-api-key-9876", "s3cret-planted-pw"

@@ -11,27 +11,22 @@ broken model and green against the clean one.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from sparkgate import embedded
-from sparkgate.launch import cache_dir, serving
+from sparkgate.launch import serving
 from sparkgate.probes import chat_body
+from sparkgate.proc import cache_dir
 from sparkgate.recipes import Recipe, load_profiles, load_recipes
 
-from .conftest import embedded_recipe_dir, move_port
 from .garbage.corpus import DAMAGED, perturbed
-from .test_suite import ROOT, broken_recipe, local_mem_available, run_suite
+from .helpers import GUARD_PORT, broken_recipe, embedded_recipe_dir, guard, local_mem_available, move_port, run_suite
 
 PORTS = {"random": 18001, "damaged": 18003}  # the clean model is the session's embedded_server
-GUARD_PORT = 18004
 # What reads an answer, and must fail on garbage; what judges something else, and must pass on it.
 READS_ANSWERS = ["SERVE-CHAT", "SERVE-STREAM", "SERVE-COHERENCE", "SERVE-OPENAI-SDK", "SERVE-SANITY",
                  "SERVE-PREFIX-CACHE", "SERVE-CONCURRENT", "SERVE-REPRO", "SERVE-REPRO-AGENT", "SERVE-JSON-SCHEMA",
@@ -95,22 +90,6 @@ def test_a_broken_model_fails_every_check_that_reads_an_answer_and_nothing_else(
 
 
 # ---- the recording guard ---------------------------------------------------------------------------------
-
-def guard(upstream: str, out: Path, port: int = GUARD_PORT, cpu: int | None = None) -> subprocess.Popen:
-    preexec = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
-    proc = subprocess.Popen([sys.executable, "-m", "sparkgate.cli", "guard", "--listen", f"127.0.0.1:{port}",
-                             "--upstream", upstream, "--out", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, preexec_fn=preexec)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
-            return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise TimeoutError(f"the guard did not listen: {proc.stderr.read().decode() if proc.stderr else ''}")
-
 
 # Prompts the real model answers cleanly (selftest/garbage/corpus.jsonl: it loops on some others, rightly flagged).
 PROMPTS = ["Explain why the sky is blue in two sentences.", "Describe a cat to a child.",

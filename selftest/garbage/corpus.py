@@ -191,11 +191,11 @@ def answers(base_url: str, model: str) -> list[str]:
 
 def build(only: list[str]) -> None:
     from sparkgate import embedded
-    from sparkgate.launch import cache_dir, serving
+    from sparkgate.launch import serving
+    from sparkgate.proc import cache_dir
     from sparkgate.recipes import RECIPES_DIR, Recipe, load_profiles
 
-    from ..conftest import move_port
-    from ..test_suite import local_mem_available
+    from ..helpers import local_mem_available, move_port
 
     src = embedded.prepare("embedded:smollm2", cache_dir())
     base = yaml.safe_load((RECIPES_DIR / "smollm2-cpu.yaml").read_text())

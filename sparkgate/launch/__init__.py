@@ -1,6 +1,7 @@
 """Starting recipes and putting the box back: one file per concern, imports pointing down only.
 
-    base              Server, StartError, the readiness wait, the teardown shield (below everything here)
+    base              Server, StartError, the readiness wait (below everything here; the cache and the
+                      teardown shield are sparkgate.proc's, below the whole library)
     container_spec    a recipe as a container, and a live container's drift from it
     docker_engine     the target's docker engine, reached over ssh
     process_launcher  a recipe as a local process
@@ -8,7 +9,7 @@
     lifecycle         serving(): refuse, start, wait, and always restore
 """
 
-from .base import Server, StartError, cache_dir
+from .base import Server, StartError
 from .lifecycle import serving
 
-__all__ = ["Server", "StartError", "cache_dir", "serving"]
+__all__ = ["Server", "StartError", "serving"]

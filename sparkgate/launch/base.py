@@ -1,15 +1,10 @@
-"""What every launcher shares, below all of them: the server tests are handed, the start error, the cache, the
-readiness wait, and the signal shield that keeps a teardown from being interrupted half-way."""
+"""What every launcher shares, below all of them: the server tests are handed, the start error, the readiness
+wait and the masking of progress lines (the cache and the teardown shield are sparkgate.proc's)."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,18 +16,10 @@ from ..redact import mask
 # A progress line for the operator. A line that starts with two spaces is a detail (a loading phase, the time
 # spent): shown by default, left out under -q.
 Progress = Callable[[str], None]
-TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class StartError(Exception):
     """A recipe that could not be brought to serving: refused, crashed or timed out. Says why."""
-
-
-def cache_dir() -> Path:
-    """Where converted weights, compiler caches and server logs live (SPARKGATE_CACHE to move it)."""
-    path = Path(os.environ.get("SPARKGATE_CACHE") or Path.home() / ".cache" / "sparkgate")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 @dataclass
@@ -131,46 +118,6 @@ def wait_ready(base_url: str, served_name: str | None, timeout_s: float, alive: 
                 progress(f"  {label}: loading, {now - start:.0f} s")
                 last_note = now
             time.sleep(1)
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """preexec_fn: the child gets `sig` when the suite's process dies, even by SIGKILL (PR_SET_PDEATHSIG)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, sig)
-
-
-DEFERRED_SIGNALS: list[int] = []  # received during a shielded teardown: the run stops after it (the plugin)
-
-
-def noting(progress: Progress, what: str) -> Callable[[int, object], None]:
-    """A signal handler that notes a signal instead of obeying it, saying so (at most every 5 s)."""
-    said = [0.0]
-
-    def note(signum: int, _frame: object) -> None:
-        DEFERRED_SIGNALS.append(signum)
-        if time.monotonic() - said[0] > 5:
-            said[0] = time.monotonic()
-            progress(f"{signal.Signals(signum).name} received: {what} goes on to its end, then the run stops (a "
-                     f"restore abandoned half-way leaves the box worse; to abandon it anyway, Ctrl-\\ or kill -9: "
-                     f"the next run puts the box back)")
-
-    return note
-
-
-@contextlib.contextmanager
-def shielded(progress: Progress, what: str) -> Iterator[None]:
-    """Run a teardown to its end: Ctrl-C, SIGTERM and SIGHUP during it are noted, not obeyed (a second Ctrl-C
-    must never abandon a restore half-way); the run stops once it is done. Only the main thread can hold
-    signals; elsewhere it runs as is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    note = noting(progress, what)
-    previous = {s: signal.signal(s, note) for s in TEARDOWN_SIGNALS}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 def masked(progress: Progress) -> Progress:

@@ -20,8 +20,9 @@ import time
 from functools import cached_property
 from typing import Any
 
+from ..proc import die_with_parent
 from ..target import is_local, ssh_argv
-from .base import StartError, die_with_parent
+from .base import StartError
 
 
 class DockerEngine:

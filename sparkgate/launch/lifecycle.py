@@ -18,9 +18,10 @@ from typing import Any
 
 from ..hostlock import Journal
 from ..memory import fit
+from ..proc import shielded
 from ..recipes import Profile, Recipe
 from ..vllmlog import parse as parse_log
-from .base import Progress, Server, StartError, masked, shielded
+from .base import Progress, Server, StartError, masked
 from .docker_engine import DockerEngine
 from .docker_launcher import DockerLauncher, HostSide
 from .process_launcher import ProcessLauncher

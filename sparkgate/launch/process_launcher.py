@@ -15,9 +15,10 @@ import socket
 import subprocess
 import sys
 
+from ..proc import cache_dir, die_with_parent
 from ..recipes import Recipe
 from ..redact import mask
-from .base import Progress, Server, StartError, cache_dir, die_with_parent, log_tail, wait_ready
+from .base import Progress, Server, StartError, log_tail, wait_ready
 
 
 def port_in_use(port: int) -> bool:

@@ -13,19 +13,19 @@ from sparkgate.launch.container_spec import LiveContainer, read_live
 
 
 @pytest.fixture
-def live(check, recipe, request, sparkgate_state) -> LiveContainer:
+def live(check, recipe, request, docker_engine, target_name) -> LiveContainer:
     """The recipe's container as it runs now (a process recipe is not started just to be skipped here)."""
     if recipe.launcher != "docker":
         check.cannot_run(f"{recipe.name} runs as a {recipe.launcher}, not in a container", "a docker recipe")
     server = request.getfixturevalue("server")
     name = server.container or recipe.container_name
     try:
-        client = sparkgate_state.docker.client
+        client = docker_engine.client
     except StartError as exc:
         check.cannot_run(str(exc), "--docker-host URL")
     found = read_live(client, name, stats=check.id == "CONT-RESIDENT")
     if found is None:
-        check.cannot_run(f"no container named {name} on the docker engine of {sparkgate_state.target}",
+        check.cannot_run(f"no container named {name} on the docker engine of {target_name}",
                          "set container_name in the recipe to the running container's name")
     try:  # what the recipe's image reference points at now (the container may run an older build of it)
         found.tag_image_id = client.images.get(recipe.image).id

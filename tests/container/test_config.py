@@ -52,9 +52,9 @@ def test_the_running_args_are_the_recipes(check, live, recipe):
     fix="add --kv-cache-memory=BYTES to the serve args, sized from max_num_seqs x max_model_len x bytes per "
         "token plus prefix-cache headroom (the guide: 20 GiB for Qwen3.8-27B, 16 GiB for Qwen3.6-35B-A3B)",
 )
-def test_the_kv_cache_is_pinned(check, live, recipe, sparkgate_state):
+def test_the_kv_cache_is_pinned(check, live, recipe, recipe_profile):
     """The running server MUST pin its KV cache size with --kv-cache-memory (utilization is not a bound)."""
-    check.holds(rules.kv_pin_rule(sparkgate_state.profiles[recipe.profile], live.args(recipe)))
+    check.holds(rules.kv_pin_rule(recipe_profile, live.args(recipe)))
 
 
 @pytest.mark.check(
@@ -91,7 +91,7 @@ def test_the_context_is_the_native_window_or_a_consistent_yarn(check, live, reci
     fix="remove --enforce-eager from the serve args; if CUDA graph capture crashes (`an illegal instruction` in "
         "_capture_cudagraphs), the driver is older than 590: upgrade it (HOST-DRIVER-MIN) rather than run eager",
 )
-def test_cuda_graphs_are_on_where_the_driver_supports_them(check, live, recipe, sparkgate_state):
+def test_cuda_graphs_are_on_where_the_driver_supports_them(check, live, recipe, recipe_profile):
     """On a profile whose driver supports CUDA graphs, the server MUST NOT run with --enforce-eager."""
-    check.holds(rules.eager_rule(sparkgate_state.profiles[recipe.profile], live.args(recipe),
+    check.holds(rules.eager_rule(recipe_profile, live.args(recipe),
                                  live.facts.enforce_eager, live.facts.device))

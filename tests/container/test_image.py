@@ -35,13 +35,13 @@ def test_the_container_runs_the_recipes_image(check, live, recipe, record_proper
     fix="use the image's arm64 build (on a Spark: vllm/vllm-openai:nightly-aarch64, or build vllm-node with "
         "eugr/spark-vllm-docker on the box itself)",
 )
-def test_the_image_is_built_for_this_hardware(check, live, recipe, host_facts, sparkgate_state):
+def test_the_image_is_built_for_this_hardware(check, live, recipe, host_facts, recipe_profile):
     """The image's architecture MUST be the hardware profile's (arm64 on gb10), or the host's if it names none."""
-    profile = sparkgate_state.profiles[recipe.profile]
-    arch = profile.arch or host_facts.arch
+    arch = recipe_profile.arch or host_facts.arch
     if not arch:
         check.cannot_run("neither the profile nor the host names an architecture")
     want = DOCKER_ARCH.get(arch, arch)
     have = live.image.get("Architecture")
-    check.that(have == want, expected=f"{want} ({'profile ' + profile.name if profile.arch else 'the host'}: {arch})",
+    basis = f"profile {recipe_profile.name}" if recipe_profile.arch else "the host"
+    check.that(have == want, expected=f"{want} ({basis}: {arch})",
                found=f"{have} ({live.image.get('Os')}/{have}, image {(live.attrs.get('Config') or {}).get('Image')})")

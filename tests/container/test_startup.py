@@ -33,12 +33,12 @@ def test_the_startup_log_states_the_servers_facts(check, live, record_property):
     fix="pin the KV cache with --kv-cache-memory (CPU: VLLM_CPU_KVCACHE_SPACE) at the recipe's kv_cache_gib, "
         "or correct memory.kv_cache_gib in the recipe to what the box needs",
 )
-def test_the_kv_cache_in_use_is_the_pinned_size(check, live, recipe, sparkgate_state):
+def test_the_kv_cache_in_use_is_the_pinned_size(check, live, recipe, recipe_profile):
     """The KV cache vLLM sized MUST be the pinned size (unpinned: at most the recipe's KV budget)."""
     f = live.facts
     if f.kv_cache_gib is None:
         check.cannot_run("the container's log does not state the KV cache size (see CONT-LOG-FACTS)")
-    gpu = sparkgate_state.profiles[recipe.profile].gpu is not None
+    gpu = recipe_profile.gpu is not None
     pin = live.args(recipe).kv_pin_bytes(cpu_engine=not gpu)
     found = (f"{f.kv_cache_gib:g} GiB ({f.kv_cache_basis}), {f.kv_tokens or '?'} tokens"
              + (f", {f.bytes_per_token:.0f} bytes per token" if f.bytes_per_token else ""))

@@ -8,10 +8,9 @@ from sparkgate.measure import Figure, aggregate_tok_s, burst
 from sparkgate.workloads import CODE, PROSE, chat
 
 LEVELS = (1, 4, 8, 16)
-MAX_TOKENS = 250  # the guide's burst runs: short prompts, max_tokens 250
-# Rounds per level: at concurrency c the requests of one round share a batch, so a round is one sample for a
-# comparison; batches vary more than single requests, so a level of c > 1 gets more of them.
-SINGLE_ROUNDS, BATCH_ROUNDS = 3, 5
+MAX_TOKENS = 250  # the guide's burst runs: short prompts, max_tokens 250 (at --level standard; a level sets its share)
+# Rounds per concurrency (--level sets them): at concurrency c the requests of one round share a batch, so a round is
+# one sample for a comparison; batches vary more than single requests, so a level of c > 1 gets more of them.
 
 
 def levels_for(recipe):
@@ -26,19 +25,22 @@ def levels_for(recipe):
         "recipe, and TTFT (queueing) before errors, as the saturation signal",
 )
 def test_per_request_decode_under_concurrency_meets_the_floors(check, target, recipe, roofline, record,
-                                                               completed):
+                                                               completed, level, progress):
     """Per-request decode at each concurrency level up to max-num-seqs MUST meet the recipe's floor for it."""
     prompts = PROSE + CODE
     asyncio.run(burst(target, [chat(recipe, prompts[0], 16)]))  # warm-up, discarded
-    short = []
+    short, rounds = [], {c: level.single_rounds if c == 1 else level.batch_rounds for c in levels_for(recipe)}
+    steps, max_tokens = progress(sum(rounds.values())), level.tokens(MAX_TOKENS)
     for c in levels_for(recipe):
-        shape = {"prompt": "short prose and code", "max_tokens": MAX_TOKENS, "ignore_eos": False,
+        shape = {"prompt": "short prose and code", "max_tokens": max_tokens, "ignore_eos": False,
                  "thinking": "off", "temperature": 0.2, "concurrency": c}
         # Bursts of c, one after another: a figure of one round has no spread between rounds, and cannot be compared
         # with a baseline.
-        records = completed([r for _ in range(SINGLE_ROUNDS if c == 1 else BATCH_ROUNDS) for r in asyncio.run(
-            burst(target, [chat(recipe, prompts[i % 4], MAX_TOKENS, 0.2) for i in range(c)]))],
-            f"request at {c} concurrent")
+        records = []
+        for k in range(rounds[c]):
+            steps(f"{c} concurrent, burst {k + 1} of {rounds[c]}")
+            records += asyncio.run(burst(target, [chat(recipe, prompts[i % 4], max_tokens, 0.2) for i in range(c)]))
+        records = completed(records, f"request at {c} concurrent")
         floor = "single_stream_decode" if c == 1 else f"concurrent_{c}_decode"
         figure = record(Figure.of(f"decode per request at {c} concurrent", "tok/s",
                                   [r.decode_tok_s for r in records], shape, roofline), floor)
@@ -51,4 +53,4 @@ def test_per_request_decode_under_concurrency_meets_the_floors(check, target, re
     if not any(k == "single_stream_decode" or k.startswith("concurrent_") for k in recipe.floors):
         check.cannot_run(f"recipe {recipe.name} declares no concurrency floors (figures were recorded)")
     check.that(not short, expected="every level at or above its floor",
-               found=f"on {recipe.name}, short prose and code prompts, max_tokens {MAX_TOKENS}: " + "; ".join(short))
+               found=f"on {recipe.name}, short prose and code prompts, max_tokens {max_tokens}: " + "; ".join(short))

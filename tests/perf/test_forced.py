@@ -12,9 +12,12 @@ import pytest
 from sparkgate.measure import Figure, burst
 from sparkgate.workloads import PROSE, forced
 
-TOKENS = 128
-SHAPE = {"prompt": "short prose", "max_tokens": TOKENS, "min_tokens": TOKENS, "ignore_eos": True,
-         "thinking": "off", "temperature": 0.0, "concurrency": 1}
+TOKENS = 128  # at --level standard; a level sets its share
+
+
+def shape_of(tokens):
+    return {"prompt": "short prose", "max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True,
+            "thinking": "off", "temperature": 0.0, "concurrency": 1}
 
 
 @pytest.mark.check(
@@ -24,15 +27,21 @@ SHAPE = {"prompt": "short prose", "max_tokens": TOKENS, "min_tokens": TOKENS, "i
     fix="the server ignored min_tokens or ignore_eos: check the vLLM version's sampling parameters",
 )
 def test_forced_length_generates_exactly_the_forced_tokens(check, target, recipe, roofline, record, benchmark,
-                                                          completed):
+                                                          completed, level, progress):
     """A forced-length request MUST return exactly the forced number of tokens; its latency is benchmarked."""
-    body = forced(recipe, PROSE[0], TOKENS)
-    asyncio.run(burst(target, [body]))  # warm-up, discarded
-    records = []
-    benchmark.extra_info.update(recipe=recipe.name, shape=SHAPE)
-    benchmark.pedantic(lambda: records.extend(asyncio.run(burst(target, [body]))), rounds=5, iterations=1)
+    tokens = level.tokens(TOKENS)
+    body = forced(recipe, PROSE[0], tokens)
+    asyncio.run(burst(target, [forced(recipe, PROSE[0], 16)]))  # warm-up, discarded
+    records, steps = [], progress(level.forced_rounds)
+
+    def one():
+        steps(f"forced request {len(records) + 1} of {level.forced_rounds} ({tokens} tokens)")
+        records.extend(asyncio.run(burst(target, [body])))
+
+    benchmark.extra_info.update(recipe=recipe.name, shape=shape_of(tokens))
+    benchmark.pedantic(one, rounds=level.forced_rounds, iterations=1)
     counts = [r.completion_tokens for r in completed(records)]
-    check.that(counts == [TOKENS] * len(records), expected=f"{TOKENS} completion tokens each time",
+    check.that(counts == [tokens] * len(records), expected=f"{tokens} completion tokens each time",
                found=f"{counts}")
     record(Figure.of("forced-length decode, per request (not a feel figure)", "tok/s",
-                     [r.decode_tok_s for r in records], SHAPE, roofline))
+                     [r.decode_tok_s for r in records], shape_of(tokens), roofline))

@@ -16,22 +16,27 @@ _RUNS: dict[str, tuple] = {}  # per recipe: both checks read the same three long
 
 
 @pytest.fixture
-def long_runs(target, recipe, completed):
+def long_runs(target, recipe, completed, check, level, progress):
+    if not level.runs(check.id):
+        check.cannot_run(f"its ~30,000-token prompt is a long shape, run at --level extended only (this run: "
+                         f"{level.name})", "--level extended")
     if recipe.name not in _RUNS:
-        _RUNS[recipe.name] = _measure(target, recipe, completed)
+        _RUNS[recipe.name] = _measure(target, recipe, completed, progress(RUNS))
     return _RUNS[recipe.name]
 
 
-def _measure(target, recipe, completed):
+def _measure(target, recipe, completed, steps):
     # llama-benchy's --pp 30000 --tg 2000 (the floors' method): up to 2,000 tokens out, stopping naturally;
     # a quarter of the context where the recipe has less room.
     max_tokens = min(2000, recipe.max_model_len // 4)
     words = long_context_words(recipe, max_tokens=max_tokens)
     asyncio.run(burst(target, [chat(recipe, "Say hi.", 8)]))  # warm-up, discarded
     # Each prompt opens with a fresh random prefix: nothing comes from the prefix cache, this run or the last.
-    records = completed([asyncio.run(burst(target, [chat(recipe, long_prompt(words, secrets.randbits(64)),
-                                                                  max_tokens)]))[0] for _ in range(RUNS)],
-                        "long-context request")
+    records = []
+    for i in range(RUNS):
+        steps(f"long-context request {i + 1} of {RUNS} (~{int(words * 1.3)} tokens in, up to {max_tokens} out)")
+        records += asyncio.run(burst(target, [chat(recipe, long_prompt(words, secrets.randbits(64)), max_tokens)]))
+    records = completed(records, "long-context request")
     # The prompt's length is the recipe's (its context sets it), rounded so that two runs of it share a shape.
     shape = {"prompt": "filler", "prompt_tokens": round(records[0].prompt_tokens or 0, -2), "max_tokens": max_tokens,
              "ignore_eos": False, "thinking": "off", "temperature": 0.3, "concurrency": 1, "cache": "defeated"}

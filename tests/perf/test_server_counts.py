@@ -9,23 +9,28 @@ from sparkgate.measure import Figure, burst
 from sparkgate.workloads import PROSE, chat
 
 _COUNTED: dict[str, tuple] = {}  # per recipe: the three checks read the same requests
+MAX_TOKENS = 128  # at --level standard; a level sets its share
 
 
 @pytest.fixture
-def counted(server, target, recipe, completed, check):
-    """Three streamed requests and the /metrics delta around them; could not run without /metrics."""
+def counted(server, target, recipe, completed, check, level, progress):
+    """A few streamed requests (--level sets how many) and the /metrics delta around them; could not run without
+    /metrics."""
     if recipe.name not in _COUNTED:
         try:
             before = metrics.scrape(server.base_url, server.served_name, server.headers)
-            records = [asyncio.run(burst(target, [chat(recipe, p, 128)]))[0] for p in PROSE + PROSE[:1]]
+            steps, records, max_tokens = progress(level.counted_requests), [], level.tokens(MAX_TOKENS)
+            for i in range(level.counted_requests):
+                steps(f"request {i + 1} of {level.counted_requests}, counted against /metrics")
+                records += asyncio.run(burst(target, [chat(recipe, PROSE[i % len(PROSE)], max_tokens)]))
             after = metrics.scrape(server.base_url, server.served_name, server.headers)
-            _COUNTED[recipe.name] = records, metrics.delta(before, after), None
+            _COUNTED[recipe.name] = records, metrics.delta(before, after), None, max_tokens
         except metrics.MetricsUnavailable as exc:
-            _COUNTED[recipe.name] = [], {}, str(exc)
-    records, d, unavailable = _COUNTED[recipe.name]
+            _COUNTED[recipe.name] = [], {}, str(exc), None
+    records, d, unavailable, max_tokens = _COUNTED[recipe.name]
     if unavailable:
         check.cannot_run(unavailable, "serve with vLLM, or enable the server's Prometheus endpoint")
-    return completed(records), d
+    return completed(records), d, max_tokens
 
 
 @pytest.mark.check(
@@ -37,7 +42,7 @@ def counted(server, target, recipe, completed, check):
 )
 def test_the_servers_token_counter_agrees_with_the_client(check, counted):
     """The server's generation-token counter MUST grow by exactly the tokens the client was sent."""
-    records, d = counted
+    records, d, _ = counted
     client = sum(r.completion_tokens or 0 for r in records)
     print(f"[{check.id}]: client counted {client} tokens in {len(records)} requests, the server's counter grew "
           f"by {d.get(metrics.GENERATION_TOKENS, 'nothing (absent)')}")
@@ -54,7 +59,7 @@ def test_the_servers_token_counter_agrees_with_the_client(check, counted):
 )
 def test_the_servers_inter_token_latency_agrees_with_the_client(check, counted, record):
     """The server's mean inter-token latency MUST be within 25% of the client's."""
-    records, d = counted
+    records, d, max_tokens = counted
     if not d.get(metrics.ITL_COUNT):
         check.cannot_run(f"no {metrics.ITL_COUNT} on /metrics")
     # The server observes inter-token latency once per engine step, and a step can emit several tokens
@@ -62,7 +67,7 @@ def test_the_servers_inter_token_latency_agrees_with_the_client(check, counted, 
     server_itl = d[metrics.ITL_SUM] / (d[metrics.GENERATION_TOKENS] - len(records))
     spans = [r.t_last_token - r.t_first_token for r in records]
     client_itl = sum(spans) / sum((r.completion_tokens or 1) - 1 for r in records)
-    shape = {"prompt": "short prose", "max_tokens": 128, "requests": len(records)}
+    shape = {"prompt": "short prose", "max_tokens": max_tokens, "requests": len(records)}
     record(Figure.of("inter-token latency, client", "ms", [client_itl * 1000], shape))
     record(Figure.of("inter-token latency, server (/metrics)", "ms", [server_itl * 1000], shape))
     check.that(abs(server_itl - client_itl) <= 0.25 * server_itl,
@@ -84,9 +89,9 @@ def test_speculative_decoding_accepts_drafts(check, recipe, counted, record):
     where one is published."""
     if not recipe.features.mtp:
         check.cannot_run(f"recipe {recipe.name} does not use speculative decoding")
-    _, d = counted
+    records, d, max_tokens = counted
     drafts, accepted = d.get(metrics.SPEC_DRAFT, 0), d.get(metrics.SPEC_ACCEPTED, 0)
-    shape = {"prompt": "short prose", "max_tokens": 128, "ignore_eos": False, "requests": 3}
+    shape = {"prompt": "short prose", "max_tokens": max_tokens, "ignore_eos": False, "requests": len(records)}
     check.that(drafts > 0 and accepted > 0,
                expected=f"{metrics.SPEC_DRAFT} and {metrics.SPEC_ACCEPTED} grow (MTP declared: features.mtp)",
                found=f"{drafts:g} draft tokens, {accepted:g} accepted over {shape['requests']} requests on "

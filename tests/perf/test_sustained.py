@@ -17,9 +17,14 @@ DURATION_S, MAX_TOKENS = 60, 1500
         "sustained figure, and each user's speed under it",
     fix="compare with the last good run; watch TTFT (queueing) first, errors last",
 )
-def test_sustained_load_keeps_every_stream_at_its_floor(check, target, recipe, roofline, record, completed):
+def test_sustained_load_keeps_every_stream_at_its_floor(check, target, recipe, roofline, record, completed, level,
+                                                        progress):
     """Under sustained load at max-num-seqs, per-request decode MUST meet the recipe's floor for that level."""
+    if not level.runs(check.id):
+        check.cannot_run(f"{DURATION_S} s of sustained load is a long shape, run at --level extended only (this run: "
+                         f"{level.name})", "--level extended")
     streams = recipe.max_num_seqs
+    progress(1)(f"{streams} streams kept full for {DURATION_S} s")
     prompts = PROSE + CODE
     records = completed(asyncio.run(closed_loop(target, lambda i: chat(recipe, prompts[i % 4], MAX_TOKENS),
                                                 streams, DURATION_S)), "request under sustained load")

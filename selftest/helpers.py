@@ -1,0 +1,162 @@
+"""What more than one self-test module uses: the repository's paths, the acceptance suite run through pytester,
+broken and moved copies of the embedded recipe, the embedded server's process group and a CPU quota to slow it,
+and the recording guard started as a process. conftest.py holds the hooks and fixtures; no module imports a test
+module or conftest.py for a helper.
+
+Importing it sets the self-tests up as conftest.py did (the shared cache, httpx imported fully), for the scripts
+run outside pytest too (`python -m selftest.false_alarms`, `python -m selftest.garbage.corpus`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from sparkgate.hostfacts import parse_meminfo
+from sparkgate.recipes import RECIPES_DIR
+
+# One cache for every suite the self-tests run (pytester gives each its own HOME, which would convert the
+# embedded weights and compile vLLM's graphs again in every run): the repository's, beside the test hosts'.
+os.environ.setdefault("SPARKGATE_CACHE", str(Path(__file__).resolve().parent.parent / ".cache"))
+
+
+def _import_httpx_fully() -> None:
+    """httpx imports httpcore's backends and its table of exceptions on the first request. pytester restores
+    sys.modules after each test, so whatever a test imported first is imported again later, as new classes that
+    httpx's cached table no longer recognises (raw httpcore errors escape). Import it all before any test."""
+    import asyncio
+
+    for get in (lambda: httpx.get("http://127.0.0.1:9", timeout=1),
+                lambda: asyncio.run(httpx.AsyncClient(timeout=1).get("http://127.0.0.1:9"))):
+        try:
+            get()
+        except httpx.HTTPError:
+            pass
+
+
+_import_httpx_fully()
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = str(ROOT / "tests")
+ARTIFACTS = ROOT / "selftest-artifacts"  # kept after a CI run: the report's screenshot, the summary
+
+
+def local_mem_available():
+    return parse_meminfo(Path("/proc/meminfo").read_text())["MemAvailable"]
+
+
+# ---- the acceptance suite, run ---------------------------------------------------------------------------
+
+def run_suite(pytester, *args, timeout=1200):
+    """The acceptance suite in a subprocess, run from the project root so report paths read tests/..."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        return pytester.runpytest_subprocess(TESTS, "-p", "no:cacheprovider", "-rA", *args, timeout=timeout)
+
+
+def sparkgate_cli(*args):
+    return subprocess.run([sys.executable, "-m", "sparkgate.cli", *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+# ---- recipes: broken copies, the embedded default moved --------------------------------------------------
+
+def broken_recipe(tmp_path, change, name="smollm2-cpu"):
+    """A recipes folder holding one copy of a shipped recipe with `change` applied."""
+    d = tmp_path / "recipes"
+    d.mkdir(exist_ok=True)
+    data = yaml.safe_load((RECIPES_DIR / f"{name}.yaml").read_text())
+    change(data)
+    (d / f"{name}.yaml").write_text(yaml.safe_dump(data))
+    return str(d)
+
+
+# The shared server's port: the recipe's own (18000) stays free for the self-tests that start the recipe themselves.
+EMBEDDED_PORT = 18005
+
+
+def move_port(data: dict, port: int) -> None:
+    """A recipe's data (as loaded from its YAML) moved to serve on `port`."""
+    data["port"] = port
+    data["serve_args"][data["serve_args"].index("--port") + 1] = str(port)
+
+
+def embedded_recipe_dir(where: Path, port: int = EMBEDDED_PORT) -> Path:
+    """A recipes folder holding the embedded default, moved to `port`."""
+    data = yaml.safe_load((RECIPES_DIR / "smollm2-cpu.yaml").read_text())
+    move_port(data, port)
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "smollm2-cpu.yaml").write_text(yaml.safe_dump(data))
+    return where
+
+
+# ---- the embedded server's processes, slowed -------------------------------------------------------------
+
+def server_group(srv):
+    """The pids of the embedded server's process group (the API server and its engine processes)."""
+    port = srv.base_url.rsplit(":", 1)[1]
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"vllm.entrypoints.openai.api_server" in argv and port.encode() in argv:
+            pgid = os.getpgid(int(cmdline.parent.name))
+            return [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat") if _pgid(p) == pgid]
+    raise AssertionError(f"no vLLM API server on port {port}")
+
+
+def _pgid(stat):
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def cpu_quota(pids, cores):
+    """Hold `pids` to `cores` of CPU time with a cgroup (v1 cpu controller), then give it back."""
+    root = Path("/sys/fs/cgroup/cpu")
+    if not (root / "cgroup.procs").exists():
+        pytest.skip("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu: cannot slow the engine down")
+    group = root / f"sparkgate-slow-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(int(100000 * cores)))
+        for pid in pids:
+            (group / "cgroup.procs").write_text(str(pid))
+        yield
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (root / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
+# ---- the recording guard ---------------------------------------------------------------------------------
+
+GUARD_PORT = 18004
+
+
+def guard(upstream: str, out: Path, port: int = GUARD_PORT, cpu: int | None = None) -> subprocess.Popen:
+    preexec = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+    proc = subprocess.Popen([sys.executable, "-m", "sparkgate.cli", "guard", "--listen", f"127.0.0.1:{port}",
+                             "--upstream", upstream, "--out", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, preexec_fn=preexec)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+            return proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise TimeoutError(f"the guard did not listen: {proc.stderr.read().decode() if proc.stderr else ''}")

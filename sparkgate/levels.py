@@ -1,0 +1,59 @@
+"""Levels by time budget (`--level`), DCGM's run levels as the model: every level runs every layer's checks; a level
+sets how much of each perf check runs (repetitions, how far the capacity sweep goes, whether the long shapes run),
+never whether a layer is judged.
+
+Repetitions are the samples of the upgrade gate's test (sparkgate.compare): a level with fewer of them gives a
+verdict on the floors sooner and a weaker comparison. Figures measured at one level are compared only with
+figures of the same level (their shape carries it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIN_OUTPUT = 64  # tokens: enough steps of decode for a rate with a spread; the detector judges 80 (serving layer)
+LONG_SHAPE_CHECKS = ("PERF-LONG-DECODE", "PERF-LONG-PREFILL", "PERF-SUSTAINED")
+
+
+@dataclass(frozen=True)
+class Level:
+    name: str
+    summary: str
+    output_share: float  # of each perf shape's output length (max_tokens, forced tokens); at least MIN_OUTPUT
+    natural_requests: int  # PERF-NATURAL: timed natural requests after the warm-up, prose and code alike
+    forced_rounds: int  # PERF-FORCED: forced-length requests
+    single_rounds: int  # PERF-CONCURRENT at 1: requests (each one sample)
+    batch_rounds: int  # PERF-CONCURRENT at c > 1: bursts (a burst shares a batch: one sample)
+    counted_requests: int  # PERF-SERVER-*: requests timed against /metrics
+    capacity_past_max_seqs: bool  # PERF-CAPACITY: one doubling past --max-num-seqs (requests queue: TTFT shows it)
+    long_shapes: bool  # PERF-LONG-*, PERF-SUSTAINED: a ~30K-token prompt, sustained load
+
+    def runs(self, check: str) -> bool:
+        """Whether the check measures anything at this level (a long-shape check runs at extended only)."""
+        return self.long_shapes or check not in LONG_SHAPE_CHECKS
+
+    def tokens(self, standard: int) -> int:
+        """A perf shape's output length at this level, from its standard length."""
+        return standard if self.output_share >= 1 else max(MIN_OUTPUT, round(standard * self.output_share))
+
+    def capacity_limit(self, max_num_seqs: int) -> int:
+        return 2 * max_num_seqs if self.capacity_past_max_seqs else max_num_seqs
+
+
+LEVELS = {
+    "quick": Level("quick", "every layer; the fewest repetitions a floor verdict needs, a quarter of the output "
+                            "lengths; no long shapes",
+                   output_share=0.25, natural_requests=2, forced_rounds=3, single_rounds=2, batch_rounds=2,
+                   counted_requests=2, capacity_past_max_seqs=False, long_shapes=False),
+    # The gate's level: PERF-CONCURRENT's 5 bursts at c > 1 are the fewest that flagged a 63% drop at 4 concurrent on
+    # the project's CI VM (3 bursts: p = 0.018, not flagged); 3 requests at 1 concurrent flag a 2x slowdown at
+    # p < 0.01 on the logarithms.
+    "standard": Level("standard", "every layer, the repetitions the upgrade gate's statistic needs; no long shapes",
+                      output_share=1.0, natural_requests=4, forced_rounds=5, single_rounds=3, batch_rounds=5,
+                      counted_requests=3, capacity_past_max_seqs=False, long_shapes=False),
+    "extended": Level("extended", "standard, plus the long shapes (a ~30K-token prompt, sustained load) and the "
+                                  "capacity sweep one doubling past --max-num-seqs",
+                      output_share=1.0, natural_requests=4, forced_rounds=5, single_rounds=3, batch_rounds=5,
+                      counted_requests=3, capacity_past_max_seqs=True, long_shapes=True),
+}
+DEFAULT = "standard"

@@ -1,0 +1,418 @@
+"""The run: one object registered with pytest's plugin manager (pytest-benchmark's `BenchmarkSession` shape), its
+hooks its methods. It owns what was chosen to run, the host and its lock and journal, the results and outcomes, and
+the baseline gate. The checks never see it: they take the narrow fixtures sparkgate.plugin makes from it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from . import __version__, commit, redact
+from .checks import Check
+from .compare import ALPHA, compare_figure, key
+from .hostfacts import HostFacts, gather, gpu_mib_of_container, matching_profile
+from .hostlock import HostLock, Journal, LockError
+from .launch import Server, StartError
+from .launch.container_spec import HostPaths
+from .launch.docker_engine import DockerEngine
+from .launch.docker_launcher import HostSide, undo
+from .levels import LEVELS, Level
+from .measure import Figure
+from .proc import DEFERRED_SIGNALS, TEARDOWN_SIGNALS, noting
+from .recipes import Profile, Recipe, RecipeError, load_profiles, load_recipes
+from .redact import mask
+from .results import CheckResult, Measurement, Results, ResultsFile, Submitter, load
+from .shipped import LAYERS, layer_of
+from .target import open_host
+
+Say = Callable[[str], None]
+_REGRESSIONS = pytest.StashKey[list[str]]()
+
+
+def layer(item: pytest.Item) -> str | None:
+    return layer_of(Path(str(item.path)))
+
+
+def recipe_of(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params["recipe"].name if callspec and "recipe" in callspec.params else None
+
+
+class RunSession:
+    """What one run knows and does: the recipes and the level, the host, what was chosen to run, what it found."""
+
+    def __init__(self, config: pytest.Config, say: Say) -> None:
+        self.config, self.say = config, say
+        opt = config.option
+        self.target: str = opt.sg_host
+        self.level: Level = LEVELS[opt.sg_level]
+        try:
+            self.profiles = load_profiles()
+            self.recipes = load_recipes(Path(opt.sg_recipes_dir), self.profiles)
+        except RecipeError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        unknown = [n for n in opt.sg_recipe or [] if n not in self.recipes]
+        if unknown:
+            raise pytest.UsageError(f"--recipe {', '.join(unknown)}: no such recipe (have: {', '.join(self.recipes)})")
+        if opt.sg_profile and opt.sg_profile not in self.profiles:
+            raise pytest.UsageError(f"--profile {opt.sg_profile}: no such profile (have: {', '.join(self.profiles)})")
+        if opt.sg_base_url and len(opt.sg_recipe or []) != 1:
+            raise pytest.UsageError("--base-url tests one running server against one recipe: add --recipe NAME")
+        # Until the host is read, every named recipe (or every recipe) is a candidate.
+        self.selected: list[Recipe] = [self.recipes[n] for n in opt.sg_recipe] if opt.sg_recipe else list(
+            self.recipes.values())
+        self.not_matching: list[Recipe] = []
+        self._host: Any = None
+        self._facts: HostFacts | None = None
+        # What the run measured and found, kept as it goes (and written as it goes with --results-json).
+        self.results = ResultsFile(Path(opt.sg_results_json) if opt.sg_results_json else None,
+                                   Submitter(name=opt.sg_submitter, notes=opt.sg_notes), self.level.name)
+        self.environment: dict[str, str] = {}  # for the report's environment table
+        self.baseline = self._baseline()
+        if opt.sg_image:
+            self.override_image(opt.sg_image)
+        self.start_errors: dict[str, str] = {}
+        self._docker: DockerEngine | None = None
+        self.lock: HostLock | None = None
+        self._journal: Journal | None = None
+        self._saved_handlers: dict[int, Any] = {}
+        # Secrets the run knows before it starts: they are masked in everything it writes.
+        redact.secret(opt.sg_api_key)
+        for r in self.recipes.values():
+            redact.secrets_of(r.env, r.serve_args)
+
+    def _baseline(self) -> Results | None:
+        opt = self.config.option
+        if not opt.sg_tolerance >= 0:  # NaN too
+            raise pytest.UsageError(f"--tolerance {opt.sg_tolerance:g}: a percentage of 0 or more is how much slower "
+                                    "a figure may get (100: twice as slow)")
+        if not opt.sg_baseline:
+            return None
+        try:
+            baseline = load(Path(opt.sg_baseline))
+        except (OSError, ValueError) as exc:
+            raise pytest.UsageError(f"--baseline {opt.sg_baseline}: not a readable sparkgate results file: "
+                                    f"{str(exc).splitlines()[0]} (`sparkgate validate FILE` says what is "
+                                    "wrong)") from None
+        if baseline.measured_level != self.level.name:
+            raise pytest.UsageError(f"--baseline {opt.sg_baseline} was measured at --level {baseline.measured_level} "
+                                    f"and this run is at --level {self.level.name}: their figures have different "
+                                    f"repetitions and shapes; run with --level {baseline.measured_level}, or make "
+                                    "the baseline again at this level")
+        return baseline
+
+    # ---- the host -----------------------------------------------------------------------------------------
+
+    @property
+    def api_key(self) -> str | None:
+        """The key for a server started elsewhere (--base-url): --api-key, else the openai client's variable."""
+        return self.config.option.sg_api_key or os.environ.get("OPENAI_API_KEY") or None
+
+    @property
+    def host(self) -> Any:
+        if self._host is None:
+            # --ssh-config and --ssh-identity-file are testinfra's own options; they apply to --host too.
+            opt = self.config.option
+            self._host = open_host(self.target, opt.ssh_config, opt.ssh_identity_file)
+        return self._host
+
+    @property
+    def facts(self) -> HostFacts:
+        if self._facts is None:
+            try:
+                self._facts = gather(self.host, self.target)
+            except Exception as exc:  # one clear error for an unreachable host, not one per test
+                raise pytest.UsageError(mask(f"cannot read host {self.target!r}: {type(exc).__name__}: {exc}")) \
+                    from None
+            if self.config.option.sg_redact:
+                redact_identities(self._facts)
+            self.results.set_system(self._facts)
+        return self._facts
+
+    @property
+    def docker(self) -> DockerEngine:
+        """The target's docker engine, opened on first use."""
+        if self._docker is None:
+            opt = self.config.option
+            self._docker = DockerEngine(self.target, opt.ssh_config, opt.ssh_identity_file,
+                                        docker_host=opt.sg_docker_host, pull=opt.sg_docker_pull)
+        return self._docker
+
+    @property
+    def host_side(self) -> HostSide:
+        """What the docker launcher needs of the host itself: its paths, what exists there, GPU memory held."""
+        f = self.facts
+        return HostSide(paths=HostPaths(home=f.home or "$HOME", hf_cache=f.hf_cache or "$HOME/.cache/huggingface"),
+                        exists=lambda path: self.host.file(path).exists,
+                        gpu_mib=lambda container_id: gpu_mib_of_container(self.host, f, container_id))
+
+    @property
+    def journal(self) -> Journal:
+        if self._journal is None:
+            self._journal = Journal(self.host)
+        return self._journal
+
+    def mem_available(self) -> int:
+        from .hostfacts import parse_meminfo
+
+        return parse_meminfo(self.host.file("/proc/meminfo").content_string)["MemAvailable"]
+
+    def take_the_host(self) -> None:
+        """One run per host: hold its lock for the session, then finish what a dead run left undone."""
+        opt = self.config.option
+        self.lock = HostLock(self.target, opt.ssh_config, opt.ssh_identity_file)
+        try:
+            self.lock.acquire()
+        except LockError as exc:
+            self.lock = None
+            raise pytest.UsageError(mask(str(exc))) from None
+        if self.lock.warning:
+            self.say(f"WARNING: {self.lock.warning}")
+        for stale in self.lock.stale:
+            self.say(f"WARNING: took over the run lock of {self.target} from a run that died: held by {stale}")
+        left = self.journal.load()
+        if left:
+            self.say(f"an earlier run on {self.target} died before putting the box back; restoring it first")
+            try:
+                for done in undo(self.docker, left, self.say):
+                    self.say(f"  {done}")
+            except StartError as exc:
+                raise pytest.UsageError(mask(f"{self.target} is not as an earlier run found it, and it could not be "
+                                             f"restored: {exc}")) from None
+            self.journal.clear()
+
+    def release(self) -> None:
+        if self._docker is not None:
+            self._docker.close()  # the ssh forward of the engine's socket
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    # ---- selection ----------------------------------------------------------------------------------------
+
+    def override_image(self, image: str) -> None:
+        """--image: every docker recipe serves this image instead of its own, for this run only."""
+        docker = {n: r for n, r in self.recipes.items() if r.launcher == "docker"}
+        if processes := [r.name for r in self.selected if r.launcher != "docker" and self.config.option.sg_recipe]:
+            raise pytest.UsageError(f"--image {image}: {', '.join(processes)} runs as a process, not from an image")
+        if not docker:
+            raise pytest.UsageError(f"--image {image}: no docker recipe to serve it (--image replaces a docker "
+                                    "recipe's image; have: " + ", ".join(self.recipes) + ")")
+        for name, r in docker.items():
+            self.recipes[name] = r.model_copy(update={"image": image})
+        self.selected = [self.recipes[r.name] for r in self.selected]
+
+    def profile(self) -> Profile | None:
+        opt = self.config.option
+        if opt.sg_profile:
+            return self.profiles[opt.sg_profile]
+        chosen = {r.profile for r in self.selected}
+        if opt.sg_recipe and len(chosen) == 1:
+            return self.profiles[chosen.pop()]
+        return matching_profile(self.facts, self.profiles)
+
+    def select_for_host(self) -> None:
+        """Default selection: the recipes whose hardware profile matches the host."""
+        if self.config.option.sg_recipe:
+            return
+        profile = matching_profile(self.facts, self.profiles)
+        matching = [r for r in self.selected if profile and r.profile == profile.name]
+        self.not_matching = [r for r in self.selected if r not in matching]
+        self.selected = matching
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Read the host once (never for --collect-only or --list-checks) and keep the recipes whose profile it
+        matches: the host layer first, then each recipe's layers in turn."""
+        config = session.config
+        if config.option.sg_list_checks or config.option.collectonly or not any(layer(i) for i in session.items):
+            return
+        self.teardown_on_every_signal()  # from here on the run may change the box: every signal tears down
+        self.take_the_host()
+        facts = self.facts
+        self.select_for_host()
+        chosen = {r.name for r in self.selected}
+        keep, drop = [], []
+        for item in session.items:
+            name = recipe_of(item)
+            (keep if name is None or name in chosen else drop).append(item)
+        if drop and chosen:
+            config.hook.pytest_deselected(items=drop)
+            session.items[:] = keep
+        elif drop:
+            reason = (f"no recipe is for this host ({facts.arch}, "
+                      f"{facts.gpus[0].name if facts.gpus else 'no NVIDIA GPU'}): name one with --recipe "
+                      f"(have: {', '.join(self.recipes)})")
+            for item in drop:
+                item.add_marker(pytest.mark.skip(reason=reason))
+        order = {r.name: i for i, r in enumerate(self.selected)}
+        session.items.sort(key=lambda item: (layer(item) != "host", order.get(recipe_of(item), -1),
+                                             LAYERS.index(layer(item) or "host")))
+        self.environment.update(facts.summary())
+        self.environment["sparkgate"] = f"{__version__} (commit {commit()})"
+        self.environment["level"] = f"{self.level.name}: {self.level.summary}"
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter:
+            for k, value in facts.summary().items():
+                reporter.write_line(mask(f"{k}: {value}"))
+            names = ", ".join(r.name for r in self.selected) or "none"
+            others = ", ".join(f"{r.name} ({r.profile})" for r in self.not_matching)
+            reporter.write_line(f"Recipes: {names}" + (f"; not for this host: {others}" if others else ""))
+            reporter.write_line(f"Level: {self.level.name} ({self.level.summary}; --level quick|standard|extended)")
+
+    # ---- what is serving ----------------------------------------------------------------------------------
+
+    def record_server(self, srv: Server) -> None:
+        """What is serving, for the results file and the environment table: the server's own vLLM version, and
+        the launcher's facts (image digest and the like)."""
+        try:
+            srv.facts.setdefault("vllm_version", httpx.get(f"{srv.base_url}/version", timeout=10,
+                                                           headers=srv.headers).json()["version"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            srv.facts.setdefault("vllm_version", "unknown (no /version)")
+        self.results.add_recipe(srv.recipe, srv.facts)
+        r, f = srv.recipe, srv.facts
+        if r is not None:
+            image = f"{f['image']} ({f.get('image_id', '')[:19]}; {f.get('image_digest') or 'no registry digest'})" \
+                if f.get("image") else "none (a local process)"
+            self.environment.update({f"{r.name}: model": r.model.id, f"{r.name}: vLLM": f["vllm_version"],
+                                     f"{r.name}: image": image, f"{r.name}: recipe digest": r.digest,
+                                     f"{r.name}: served at": srv.base_url})
+
+    # ---- outcomes, figures and the baseline gate ----------------------------------------------------------
+
+    @property
+    def outcomes(self) -> list[CheckResult]:
+        return self.results.data.checks
+
+    @property
+    def measured(self) -> list[Measurement]:
+        return self.results.data.measurements
+
+    def keep_figure(self, item: pytest.Item, figure: Figure, recipe: Recipe, check: str, floor: float | None = None,
+                    floor_name: str | None = None) -> Measurement:
+        """A measured figure, for the report, the summary and the results file; with --baseline, also compared
+        with the baseline's (sparkgate.compare's rule): a significant regression fails the check after its own
+        verdict."""
+        measured = self.results.add(figure, recipe, check, item.nodeid, floor, floor_name)
+        if self.baseline is not None and (problem := self._against_baseline(measured)):
+            item.stash.setdefault(_REGRESSIONS, []).append(problem)
+        return measured
+
+    def _against_baseline(self, measured: Measurement) -> str | None:
+        """What is wrong with `measured` against the baseline's figure of the same recipe, check and name: a
+        significant regression, or a figure measured differently; None when nothing is (or the baseline lacks it)."""
+        assert self.baseline is not None
+        base = next((m for m in self.baseline.measurements if key(m) == key(measured)), None)
+        if base is None:
+            print("  against the baseline: not in it")
+            return None
+        if base.shape != measured.shape or base.method != measured.method:
+            return (f"{measured.name} not comparable: the baseline measured it differently (shape "
+                    f"{base.shape.key()}, method {base.method!r}); this run: {measured.shape.key()}, "
+                    f"{measured.method!r}")
+        verdict = compare_figure(base, measured, self.config.option.sg_tolerance)
+        print(f"  against the baseline: {verdict.describe()}: {verdict.verdict}")
+        return verdict.describe() if verdict.regressed else None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Any:
+        """--baseline: a check whose own verdict passed still fails on a significant regression against the baseline
+        (one failure naming every such figure); a check that failed on its own keeps that failure."""
+        result = yield
+        problems = item.stash.get(_REGRESSIONS, [])
+        if problems:
+            opt, base = item.config.option, self.baseline
+            assert base is not None
+            images = ", ".join(f"{r.recipe}: {r.image or 'process'}" for r in base.recipes)
+            pytest.fail(Check.of(item).message(
+                expected=f"no figure significantly worse than in the baseline {opt.sg_baseline} (more than "
+                         f"{opt.sg_tolerance:g}% slower, beyond the noise of both: Welch's t-test, p < {ALPHA:g})",
+                found="; ".join(problems),
+                why=f"the baseline is this box before the change ({images}; sparkgate {base.suite.version}, "
+                    f"{base.started}); a figure that got significantly worse is what the change did to every user, "
+                    "even above the floor",
+                fix="keep the previous image or flags (the baseline's image and serving digest are in its results "
+                    "file); `sparkgate compare BASELINE CANDIDATE` shows every figure side by side. A figure "
+                    "measured differently: make the baseline again with this version of the suite"), pytrace=False)
+        return result
+
+    def note_outcome(self, item: pytest.Item, report: pytest.TestReport, check: str) -> None:
+        """How a check ended (a failure in setup, call or teardown is its outcome, whatever else happened)."""
+        if (old := self.results.check(item.nodeid)) is not None and old.outcome == "failed":
+            return
+        outcome = "skipped" if report.skipped else "failed" if report.failed else "passed"
+        if isinstance(report.longrepr, tuple):
+            message = report.longrepr[2].removeprefix("Skipped: ")
+        else:
+            message = str(report.longrepr or "")
+        self.results.set_check(CheckResult(id=check, test=item.nodeid, recipe=recipe_of(item), outcome=outcome,
+                                           message=mask(message)))
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Any:
+        report = (yield).get_result()
+        c = Check.of(item)
+        if layer(item) and (call.when == "call" or not report.passed):
+            self.note_outcome(item, report, c.id if c else item.name)
+        if DEFERRED_SIGNALS and call.when == "teardown":  # Ctrl-C during a restore: stop now that it is done
+            item.session.shouldstop = f"{signal.Signals(DEFERRED_SIGNALS[0]).name} received during a teardown"
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """A run in which every check was skipped ran nothing: it must not read as a pass to a gate script."""
+        if self.outcomes:
+            self.results.finish()
+        ran = {o.outcome for o in self.outcomes}
+        if exitstatus == pytest.ExitCode.OK and self.outcomes and not ran & {"passed", "failed"}:
+            session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter:
+                reporter.write_line(f"sparkgate: all {len(self.outcomes)} selected checks were skipped: nothing ran "
+                                    "(exit status 5; read the skip reasons)")
+
+    # ---- signals ------------------------------------------------------------------------------------------
+
+    def teardown_on_every_signal(self) -> None:
+        """Ctrl-C, SIGTERM (CI cancel, `timeout`) and SIGHUP (a closed ssh session) all stop the run through pytest's
+        own interrupt path, which tears every fixture down, restoring the box. Only the first one interrupts: the
+        wind-down that follows runs to its end, and later signals are noted, not obeyed."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        note = noting(lambda msg: print(f"\n[sparkgate] {msg}", flush=True), "putting the box back")
+
+        def interrupt(signum: int, frame: object) -> None:
+            if DEFERRED_SIGNALS:
+                note(signum, frame)
+                return
+            DEFERRED_SIGNALS.append(signum)
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+
+        self._saved_handlers = {s: signal.signal(s, interrupt) for s in TEARDOWN_SIGNALS}
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.release()
+        if DEFERRED_SIGNALS:
+            for s in TEARDOWN_SIGNALS:  # all is put back; what is left is the interpreter's exit
+                signal.signal(s, signal.SIG_IGN)
+            return
+        for s, handler in self._saved_handlers.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def redact_identities(facts: HostFacts) -> None:
+    """--redact: stable placeholders for what identifies the box and its people."""
+    home = os.path.expanduser("~")
+    redact.MASKER.redact(facts.target if facts.target != "local" else None, "<target>")
+    redact.MASKER.redact(facts.hostname, "<hostname>")
+    redact.MASKER.redact(home if home != "/" else None, "<home>")
+    redact.MASKER.redact(facts.user if facts.user not in ("root", "") else None, "<user>")
+    for i, gpu in enumerate(facts.gpus):
+        redact.MASKER.redact(gpu.pci_bus_id, f"<pci-{i}>")
