@@ -102,8 +102,8 @@ class Results(BaseModel):
     started: str = Field(description="UTC, ISO 8601")
     finished: str | None = Field(None, description="UTC, ISO 8601; None: the run did not finish")
     submitter: Submitter = Submitter()
-    level: str | None = Field(None, description="the --level it ran at (quick, standard, extended); None: written "
-                                                 "before levels, with the standard level's repetitions")
+    level: Literal["quick", "standard", "extended"] | None = Field(
+        None, description="the --level it ran at; None: written before levels, with the standard level's repetitions")
     system: System | None = Field(None, description="the box, summarised")
     host: HostFacts | None = Field(None, description="every fact the host layer read, once per run")
     recipes: list[RecipeRun] = []
