@@ -149,6 +149,22 @@ def test_files_that_measured_differently_are_refused_with_the_reason(runs, tmp_p
     assert '"max_tokens":128' in result.stderr and '"max_tokens":64' in result.stderr
 
 
+def test_figures_of_two_levels_are_never_compared_as_like_for_like(runs, tmp_path):
+    """The same figures, measured at another --level: compare refuses them, and so does the gate, before it runs."""
+    data = json.loads(runs["again"][0].read_text())
+    assert data["level"] == "standard"
+    data["level"] = "quick"
+    quick = tmp_path / "quick.json"
+    quick.write_text(json.dumps(data))
+    result = cli("compare", runs["before"][0], quick)
+    assert result.returncode == 2
+    assert "the baseline ran at --level standard and the candidate at --level quick" in result.stderr
+    gate = subprocess.run([sys.executable, "-m", "pytest", TESTS, "-p", "no:cacheprovider", "--collect-only", "-q",
+                           f"--baseline={quick}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert gate.returncode == pytest.ExitCode.USAGE_ERROR
+    assert f"--baseline {quick} was measured at --level quick and this run is at --level standard" in gate.stderr
+
+
 def test_validate_names_what_keeps_a_file_from_being_a_submission(runs, tmp_path):
     before = runs["before"][0]
     partial = cli("validate", before)  # -k forced or concurrency: most floors were never measured

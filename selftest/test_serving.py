@@ -71,11 +71,12 @@ def failed_checks(result) -> list[str]:
     return sorted(set(re.findall(r"^\[(SERVE-[A-Z-]+)\] ", result.stdout.str(), re.M)))
 
 
-@pytest.mark.parametrize("kind", ["damaged", "random"])
-def test_a_broken_model_fails_every_check_that_reads_an_answer_and_nothing_else(pytester, servers, kind):
+@pytest.mark.parametrize(("kind", "level"), [("damaged", "quick"), ("random", "standard")])
+def test_a_broken_model_fails_every_check_that_reads_an_answer_and_nothing_else(pytester, servers, kind, level):
+    """At every level: a level sets how much of a check runs, never whether a layer is judged."""
     recipes, srv = servers[kind]
     result = run_suite(pytester, "-m", "serving", f"--recipes-dir={recipes}", "--recipe=smollm2-cpu",
-                       f"--base-url={srv.base_url}")
+                       f"--base-url={srv.base_url}", f"--level={level}")
     out = result.stdout.str()
     assert failed_checks(result) == sorted(READS_ANSWERS), out[-6000:]
     # Bad input is judged on its own (its follow-up's garbage is SERVE-SANITY's), and so is the model list.

@@ -5,6 +5,7 @@ environment table, the Markdown summary, and the checks catalogue. The numbers c
 from __future__ import annotations
 
 import html
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,9 @@ import pytest
 from .checks import Check
 from .redact import mask
 from .report import summary_html, summary_markdown
+from .results import CheckResult
 from .session import RunSession, layer
+from .shipped import LAYERS, layer_of
 
 
 class Reporting:
@@ -43,6 +46,12 @@ class Reporting:
         if c:
             report.user_properties.append(("check", c.id))
         mask_report(report)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """What ran, at which level, layer by layer: a pass says what it covered."""
+        if self.run is None or not self.run.outcomes:
+            return
+        terminalreporter.write_line(f"sparkgate --level {self.run.level.name}: {what_ran(self.run.outcomes)}")
 
     # ---- pytest-html --------------------------------------------------------------------------------------
 
@@ -104,6 +113,15 @@ class Reporting:
             print(text)
         else:
             Path(path).write_text(text)
+
+
+def what_ran(outcomes: list[CheckResult]) -> str:
+    """Per layer, how many checks passed, failed and could not run."""
+    counts: dict[str, Counter[str]] = {name: Counter() for name in LAYERS}
+    for o in outcomes:
+        counts[layer_of(Path(o.test.split("::")[0])) or "other"][o.outcome] += 1
+    return "; ".join(f"{name} {n['passed']} passed, {n['failed']} failed, {n['skipped']} could not run"
+                     for name, n in counts.items() if n)
 
 
 def mask_report(report: pytest.TestReport) -> None:
