@@ -150,25 +150,36 @@ LIVE_VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", LIVE_VARIANTS)
-def test_a_drifted_live_container_fails_exactly_its_check(pytester, tmp_path, dock, variant):
-    """A real vLLM in a container started by hand one way off the recipe (one at a time: 2 cores, and each
-    holds ~3.5 GiB)."""
-    name, port, change_recipe, change_container = VARIANT_CONTAINERS[variant]
-    guard, lines = LIVE_VARIANTS[variant]
-    data = recipe_data(container=name, port=port)
-    change_recipe(data)
-    kw = run_kwargs(as_recipe(data))
-    change_container(kw)
-    container = dock.client.containers.run(**kw)
+@pytest.fixture(scope="class")
+def drifted(dock):
+    """Each variant's real vLLM in a container started by hand one way off the recipe, all started at once (their
+    loads overlap; each holds ~3.5 GiB), and removed after the last of them: variant -> its recipe's data."""
+    started, recipes = [], {}
     try:
-        wait_serving(f"http://{dock.host.address}:{port}")
-        result, failed = dock.run_suite(pytester, tmp_path, data, "-m", "container",
-                                        f"--base-url=http://{dock.host.address}:{port}")
+        for variant, (name, port, change_recipe, change_container) in VARIANT_CONTAINERS.items():
+            data = recipe_data(container=name, port=port)
+            change_recipe(data)
+            kw = run_kwargs(as_recipe(data))
+            change_container(kw)
+            started.append(dock.client.containers.run(**kw))
+            recipes[variant] = data
+        for data in recipes.values():
+            wait_serving(f"http://{dock.host.address}:{data['port']}")
+        yield recipes
     finally:
-        container.remove(force=True)
-    assert failed == [guard], result.stdout.str()[-4000:]
-    result.stdout.fnmatch_lines(lines)
+        for container in started:
+            container.remove(force=True)
+
+
+class TestDriftedLiveContainers:
+    @pytest.mark.parametrize("variant", LIVE_VARIANTS)
+    def test_a_drifted_live_container_fails_exactly_its_check(self, pytester, tmp_path, dock, drifted, variant):
+        guard, lines = LIVE_VARIANTS[variant]
+        data = drifted[variant]
+        result, failed = dock.run_suite(pytester, tmp_path, data, "-m", "container",
+                                        f"--base-url=http://{dock.host.address}:{data['port']}")
+        assert failed == [guard], result.stdout.str()[-4000:]
+        result.stdout.fnmatch_lines(lines)
 
 
 def test_a_restart_policy_of_always_fails_the_restart_check(pytester, tmp_path, dock, good):

@@ -285,7 +285,8 @@ def test_a_run_killed_outright_is_repaired_by_the_next_run(dock, production, tmp
 def test_sigterm_while_testing_keeps_what_was_measured_and_restores_production(dock, production, tmp_path):
     data = recipe_data(container=PROD, port=18122)
     results = tmp_path / "results.json"
-    run = terminal(dock, tmp_path, data, "-m", "perf", "-k", "natural or forced", f"--results-json={results}")
+    run = terminal(dock, tmp_path, data, "-m", "perf", "-k", "natural or forced", f"--results-json={results}",
+                   "--level=quick")
     deadline = time.monotonic() + 400
     while time.monotonic() < deadline:
         run.wait_for(r"serving smollm2-135m-instruct after", timeout=400)

@@ -57,7 +57,7 @@ def test_a_server_with_an_api_key_is_tested_with_it_and_no_output_carries_a_secr
     result = run_suite(pytester, "-m", "serving or perf", "--recipe=planted", f"--recipes-dir={recipes}",
                        f"--base-url={srv.base_url}", "-k",
                        "served_name or chat_completion_returns or openai or natural", f"--html={report}",
-                       "--self-contained-html", f"--results-json={results}", "-rA")
+                       "--self-contained-html", f"--results-json={results}", "-rA", "--level=quick")
     out = result.stdout.str() + result.stderr.str()
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) >= 4 and not outcomes.get("failed") and not outcomes.get("errors"), out[-3000:]

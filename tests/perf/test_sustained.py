@@ -24,7 +24,7 @@ def test_sustained_load_keeps_every_stream_at_its_floor(check, target, recipe, r
         check.cannot_run(f"{DURATION_S} s of sustained load is a long shape, run at --level extended only (this run: "
                          f"{level.name})", "--level extended")
     streams = recipe.max_num_seqs
-    progress(1)(f"{streams} streams kept full for {DURATION_S} s")
+    progress(1)(f"{streams} streams kept full for {DURATION_S} s (about {DURATION_S} s left when it starts)")
     prompts = PROSE + CODE
     records = completed(asyncio.run(closed_loop(target, lambda i: chat(recipe, prompts[i % 4], MAX_TOKENS),
                                                 streams, DURATION_S)), "request under sustained load")
