@@ -10,8 +10,10 @@ broken model and green against the clean one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -51,20 +53,26 @@ def recipe_for(kind: str, tmp: Path) -> Recipe:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory, embedded_server):
-    """The broken servers, started once for the module, and the clean one: kind -> (recipes folder, server)."""
+    """The broken servers, started once for the module, and the clean one: kind -> (recipes folder, server). The
+    broken ones load at once, each from a thread of its own that lives as long as its server (a server's process
+    dies with the thread that started it: PR_SET_PDEATHSIG)."""
     started = {"clean": (str(embedded_recipe_dir(tmp_path_factory.mktemp("clean"))), embedded_server)}
-    contexts = []
-    try:
-        for kind in PORTS:
+    with ThreadPoolExecutor(len(PORTS)) as threads, contextlib.ExitStack() as stack:
+        loading = {}
+        for kind in PORTS:  # the random model loads while the damaged one's weights are perturbed
             tmp = tmp_path_factory.mktemp(kind)
-            recipe = recipe_for(kind, tmp)
-            ctx = serving(recipe, load_profiles()["cpu"], local_mem_available, print, 600)
-            started[kind] = (str(tmp / "recipes"), ctx.__enter__())
-            contexts.append(ctx)
+            ctx = serving(recipe_for(kind, tmp), load_profiles()["cpu"], local_mem_available, print, 600)
+            loading[kind] = (str(tmp / "recipes"), ctx, threads.submit(ctx.__enter__))
+        errors = []
+        for kind, (recipes, ctx, future) in loading.items():
+            try:
+                started[kind] = (recipes, future.result())
+                stack.push(ctx.__exit__)
+            except Exception as exc:  # the other one is put away before this is raised
+                errors.append(exc)
+        if errors:
+            raise errors[0]
         yield started
-    finally:
-        for ctx in reversed(contexts):
-            ctx.__exit__(None, None, None)
 
 
 def failed_checks(result) -> list[str]:

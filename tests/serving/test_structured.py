@@ -56,8 +56,10 @@ def test_a_choice_constraint_is_kept_not_silently_ignored(check, server, endpoin
     body = chat_body(server.served_name, "What is 2 + 3?", max_tokens=16,
                      structured_outputs={"choice": list(UNNATURAL_CHOICES)})
     text = (endpoint.chat(body)["choices"][0]["message"].get("content") or "").strip()
-    # The legacy form, for the report: clients still sending it get unconstrained answers.
-    legacy = chat_body(server.served_name, "What is 2 + 3?", max_tokens=16, guided_choice=list(UNNATURAL_CHOICES))
+    # The legacy form, for the report: clients still sending it get unconstrained answers, judged by the detector
+    # at the length its rates were measured at (a 16-token salad can pass it).
+    legacy = chat_body(server.served_name, "What is 2 + 3?", max_tokens=sanity.JUDGED_TOKENS,
+                       guided_choice=list(UNNATURAL_CHOICES))
     response = endpoint.post(legacy)
     if response.status_code == 200:
         answer = endpoint.answer(response, legacy, label="the legacy guided_choice request")
