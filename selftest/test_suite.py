@@ -49,8 +49,8 @@ def test_the_suite_passes_on_the_embedded_default_and_writes_its_reports(tmp_pat
     assert rc == 0, out[-4000:]
     for layer in ("host", "serving", "perf"):
         assert re.search(rf"^PASSED tests/{layer}/", out, re.M), f"no passed check in {layer}"
-    for line in ("Recipes: smollm2-cpu", "[sparkgate] smollm2-cpu: starting", "[sparkgate] smollm2-cpu: stopped "
-                 "and removed"):
+    for line in ("Recipes: smollm2-cpu", "Level: quick", "[sparkgate] smollm2-cpu: starting",
+                 "[sparkgate] smollm2-cpu: stopped and removed", "What ran, at --level quick: host "):
         assert line in out, line
     # Progress while the model loads, on the terminal despite capture, between the first serving check's name
     # and its result (on lines of its own), with the phases of vLLM's log.
@@ -125,8 +125,9 @@ def _look_at_the_report(report):
         page = chromium.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(report.as_uri())
         page.wait_for_selector("#sparkgate-summary")
-        for selector in ("#sparkgate-summary", "#sparkgate-figures", "#environment"):
+        for selector in ("#sparkgate-summary", "#sparkgate-figures", "#environment", "#sparkgate-ran"):
             assert page.is_visible(selector), f"{selector} is not visible"
+        assert "What ran, at --level quick: host " in page.inner_text("#sparkgate-ran")
         figures = page.inner_text("#sparkgate-figures + table")
         assert "PERF-NATURAL" in figures and "meets its floor" in figures, figures[:2000]
         for title in ("decode per request against concurrency", "capacity sweep with time to first token",
@@ -210,7 +211,7 @@ def test_the_long_shapes_and_the_whole_capacity_sweep_pass_at_the_extended_level
     results = tmp_path / "extended.json"
     result = run_suite(pytester, "-m", "perf", "--recipe=smollm2-cpu", f"--base-url={embedded_server.base_url}",
                        "-k", "long or sustained or capacity", "--level=extended", f"--results-json={results}")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=4)  # PERF-LONG-DECODE, PERF-LONG-PREFILL, PERF-SUSTAINED, PERF-CAPACITY
     data = Results.model_validate_json(results.read_text())
     assert data.level == "extended"
     swept = {m.shape.concurrency for m in data.measurements if m.check == "PERF-CAPACITY"}

@@ -47,9 +47,8 @@ LEVELS = {
                             "no long shapes",
                    output_share=0.25, natural_requests=2, forced_rounds=3, single_rounds=3, batch_rounds=3,
                    counted_requests=2, capacity_past_max_seqs=False, long_shapes=False),
-    # The gate's level: PERF-CONCURRENT's 5 bursts at c > 1 are the fewest that flagged a 63% drop at 4 concurrent on
-    # the project's CI VM (3 bursts: p = 0.018, not flagged); 3 requests at 1 concurrent flag a 2x slowdown at
-    # p < 0.01 on the logarithms.
+    # The gate's level, for regressions smaller than twice as slow: PERF-CONCURRENT's 5 bursts at c > 1 are the fewest
+    # that flagged a 63% drop at 4 concurrent on the project's CI VM (3 bursts: p = 0.018, not flagged).
     "standard": Level("standard", "every layer, the repetitions the upgrade gate's statistic needs; no long shapes",
                       output_share=1.0, natural_requests=4, forced_rounds=5, single_rounds=3, batch_rounds=5,
                       counted_requests=3, capacity_past_max_seqs=False, long_shapes=False),

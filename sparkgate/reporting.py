@@ -51,7 +51,11 @@ class Reporting:
         """What ran, at which level, layer by layer: a pass says what it covered."""
         if self.run is None or not self.run.outcomes:
             return
-        terminalreporter.write_line(f"sparkgate --level {self.run.level.name}: {what_ran(self.run.outcomes)}")
+        terminalreporter.write_line(self.ran())
+
+    def ran(self) -> str:
+        assert self.run is not None
+        return f"What ran, at --level {self.run.level.name}: {what_ran(self.run.outcomes)}"
 
     # ---- pytest-html --------------------------------------------------------------------------------------
 
@@ -60,6 +64,7 @@ class Reporting:
         """The report opens on the run's summary: figures, failures by cause, plots, skips by reason."""
         if self.run is not None and self.run.outcomes:
             prefix.append(mask(summary_html(self.run.outcomes, self.run.measured)))
+            prefix.append(f'<p id="sparkgate-ran">{html.escape(mask(self.ran()))}</p>')
 
     def pytest_html_results_table_html(self, report: pytest.TestReport, data: list[str]) -> None:
         """A skipped check's row says why, in one line, instead of pytest's raw (path, line, reason) tuple."""
