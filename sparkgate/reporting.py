@@ -16,7 +16,7 @@ from .redact import mask
 from .report import summary_html, summary_markdown
 from .results import CheckResult
 from .session import RunSession, layer
-from .shipped import LAYERS, layer_of
+from .shipped import LAYERS
 
 
 class Reporting:
@@ -123,8 +123,9 @@ class Reporting:
 def what_ran(outcomes: list[CheckResult]) -> str:
     """Per layer, how many checks passed, failed and could not run."""
     counts: dict[str, Counter[str]] = {name: Counter() for name in LAYERS}
-    for o in outcomes:
-        counts[layer_of(Path(o.test.split("::")[0])) or "other"][o.outcome] += 1
+    for o in outcomes:  # the layer is the check file's folder, whatever the test ids are relative to
+        folder = next((part for part in reversed(Path(o.test.split("::")[0]).parts[:-1]) if part in LAYERS), "other")
+        counts.setdefault(folder, Counter())[o.outcome] += 1
     return "; ".join(f"{name} {n['passed']} passed, {n['failed']} failed, {n['skipped']} could not run"
                      for name, n in counts.items() if n)
 
