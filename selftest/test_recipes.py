@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
-from sparkgate.recipes import RECIPES_DIR, RecipeError, load_profiles, load_recipes
+from sparkgate.recipes import RECIPES_DIR, Floor, RecipeError, load_profiles, load_recipes, override_images
 from sparkgate.rules import static_rules
 
 
@@ -167,3 +168,33 @@ def test_the_floors_table_in_the_docs_is_the_generated_one():
                                text=True, check=True).stdout
     assert (Path(__file__).resolve().parent.parent / "docs" / "FLOORS.md").read_text() == generated, \
         "docs/FLOORS.md is stale: sparkgate recipes floors > docs/FLOORS.md"
+
+
+def test_image_replaces_only_the_recipes_it_names_by_name_or_by_the_image_they_use():
+    """The upgrade candidate on a mixed set (the community GB10 image and upstream's nightly): --image MUST replace
+    exactly what it names, and refuse a bare image it would have to guess for."""
+    recipes = load_recipes(profiles=load_profiles())
+    community = {"qwen36-35b-a3b-nvfp4", "qwen3-coder-next-int4"}
+    assert override_images(recipes, ["vllm-node=cand:1"]) == dict.fromkeys(community, "cand:1")
+    assert override_images(recipes, ["qwen38-27b-nvfp4=cand:2"]) == {"qwen38-27b-nvfp4": "cand:2"}
+    both = override_images(recipes, ["vllm-node=cand:1", "qwen38-27b-nvfp4=cand:2"])
+    assert both == {**dict.fromkeys(community, "cand:1"), "qwen38-27b-nvfp4": "cand:2"}
+    assert override_images(recipes, ["cand:3"], ["qwen38-27b-nvfp4"]) == {"qwen38-27b-nvfp4": "cand:3"}
+    for specs, chosen, words in [
+        (["cand:3"], None, "the docker recipes in play use 2 images"),
+        (["nope=cand:3"], None, "nope is neither a recipe nor an image a selected docker recipe uses"),
+        (["qwen38-27b-nvfp4=cand:2"], ["qwen36-35b-a3b-nvfp4"], "qwen38-27b-nvfp4 is not selected"),
+        (["vllm-node=a:1", "qwen36-35b-a3b-nvfp4=b:2"], None, "qwen36-35b-a3b-nvfp4 is already given a:1"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            override_images(recipes, specs, chosen)
+
+
+def test_a_stated_minimum_above_the_share_rule_is_the_floor_and_says_whose_it_is():
+    """The 27B's natural floor MUST be the card's 20 tok/s (above 85% of the guide's 23.26 = 19.8), with its source."""
+    floor = load_recipes(profiles=load_profiles())["qwen38-27b-nvfp4"].floors["natural_decode"]
+    assert (floor.share_min, floor.min) == (19.8, 20)
+    assert floor.expected().startswith('>= 20 tok/s (the higher of 20 tok/s stated (the operators\' acceptance card '
+                                       'for the 27B: ">= 20 tok/s natural for 27B, per-request not aggregate")')
+    with pytest.raises(ValidationError, match="a stated minimum names who stated it"):
+        Floor(figure=10, measured="m", source="s", stated=12)

@@ -256,8 +256,11 @@ def test_an_unreachable_host_is_one_error_not_one_per_test(pytester):
         (["--recipe=nope"], "--recipe nope: no such recipe"),
         (["--profile=tpu"], "--profile tpu: no such profile"),
         (["--base-url=http://127.0.0.1:9"], "--base-url tests one running server against one recipe"),
-        (["--image=vllm/vllm-openai:new", "--recipe=smollm2-cpu"],
-         "--image vllm/vllm-openai:new: smollm2-cpu runs as a process, not from an image"),
+        (["--image=smollm2-cpu=vllm/vllm-openai:new"],
+         "--image smollm2-cpu=vllm/vllm-openai:new: smollm2-cpu runs as a process, not from an image"),
+        (["--image=vllm/vllm-openai:new"],  # the shipped GB10 recipes are on two images: which one?
+         "--image vllm/vllm-openai:new: the docker recipes in play use 2 images (vllm-node: qwen3-coder-next-int4, "
+         "qwen36-35b-a3b-nvfp4; vllm/vllm-openai:nightly-aarch64: qwen38-27b-nvfp4); say which it replaces"),
         (["--baseline=/nonexistent/before.json"], "--baseline /nonexistent/before.json: not a readable sparkgate "
                                                   "results file"),
         (["--tolerance=-5"], "--tolerance -5: a percentage of 0 or more is how much slower"),

@@ -149,7 +149,8 @@ def validate_files(args: argparse.Namespace) -> int:
             print("\n".join(f"  {p}" for p in found))
         else:
             print(f"{path}: valid (schema {r.schema_version}, {len(r.recipes)} recipe(s), {len(r.checks)} checks, "
-                  f"{len(r.measurements)} figures)")
+                  f"{len(r.measurements)} figures, level {r.measured_level}); complete for what it selected: "
+                  f"{r.selection or 'everything'}")
     return 1 if bad else 0
 
 

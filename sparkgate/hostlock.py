@@ -180,6 +180,11 @@ class Journal:
         entry.update(fields)
         self.save()
 
+    def drop(self, done: list[dict[str, Any]]) -> None:
+        """Forget entries that were undone (by identity), keeping the rest on the host."""
+        self.entries = [e for e in self.entries if not any(e is d for d in done)]
+        self.save()
+
     def save(self) -> None:
         if not self.entries:
             self.clear()

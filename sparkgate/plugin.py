@@ -12,7 +12,7 @@ import pytest
 from .checks import Check
 from .compare import TOLERANCE_PCT
 from .hostfacts import HostFacts
-from .launch import Server, StartError, serving
+from .launch import NeedsTakeOver, Occupied, Server, StartError, serving
 from .launch.base import wait_ready
 from .launch.docker_engine import DockerEngine
 from .levels import DEFAULT, LEVELS, Level
@@ -55,9 +55,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="who ran it, for the results file (default: none)")
     group.addoption("--notes", dest="sg_notes", default=None, metavar="TEXT",
                     help="anything a reader of the results file should know (default: none)")
-    group.addoption("--image", dest="sg_image", default=None, metavar="REF",
-                    help="serve every docker recipe with this image instead of its own, for this run (the "
-                         "upgrade candidate; default: the recipe's image)")
+    group.addoption("--image", dest="sg_image", action="append", default=None, metavar="[WHAT=]REF",
+                    help="the upgrade candidate: serve REF instead of the image of WHAT (a recipe's name, or the image "
+                         "recipes use today: all of those), for this run (repeatable). A bare REF only when the "
+                         "selected docker recipes use one image: it never guesses (default: the recipes' images)")
+    group.addoption("--take-over", dest="sg_take_over", action="store_true", default=False,
+                    help="a recipe that could only run with what serves on its port taken down (production) may take "
+                         "it down: it is set aside once, the recipes run in turn, and it is put back after the last "
+                         "and waited on until it serves; the downtime is printed and recorded (default: what serves "
+                         "is tested in place, and such a recipe could not run, with the downtime it would cost)")
     group.addoption("--baseline", dest="sg_baseline", default=None, metavar="FILE",
                     help="a results file of the last good run: every perf check also fails on a figure "
                          "significantly worse than there, by `sparkgate compare`'s rule (default: floors only)")
@@ -203,7 +209,15 @@ def recipe_profile(recipe: Recipe, profiles: dict[str, Profile]) -> Profile:
 
 
 @pytest.fixture(scope="session")
-def _served(recipe: Recipe, _run: RunSession, pytestconfig: pytest.Config) -> Any:
+def _production(_run: RunSession) -> Any:
+    """What --take-over set aside stays aside until the last recipe is done (set up before the first recipe, torn
+    down after the last): then it is put back and waited on until it serves."""
+    yield
+    _run.put_back()
+
+
+@pytest.fixture(scope="session")
+def _served(recipe: Recipe, _run: RunSession, pytestconfig: pytest.Config, _production: Any) -> Any:
     """The recipe, serving, or the StartError that says why not. Started once per recipe, removed after
     its last test; with --base-url, the running server is used and nothing is started or stopped."""
     opt = pytestconfig.option
@@ -228,13 +242,17 @@ def _served(recipe: Recipe, _run: RunSession, pytestconfig: pytest.Config) -> An
     served = None
     try:
         with serving(recipe, _run.profiles[recipe.profile], _run.mem_available, _run.say, opt.sg_startup_timeout,
-                     docker=lambda: _run.docker, journal=_run.journal, host=_run.host_side) as srv:
+                     docker=lambda: _run.docker, journal=_run.journal, host=_run.host_side,
+                     take_over=opt.sg_take_over, last_start=_run.last_start) as srv:
             served = srv
             _run.record_server(srv)
             yield srv
     except Exception as exc:
         if served is not None:
             raise  # the teardown could not put the box back: an error of the run, with the commands to do it
+        if isinstance(exc, Occupied):
+            _run.say(mask(f"{recipe.name}: could not run: {exc}"
+                          + (" (to run it: --take-over)" if isinstance(exc, NeedsTakeOver) else "")))
         # Refused, crashed, a docker API error, a pull that failed: one error, not one per test.
         yield exc if isinstance(exc, StartError) else StartError(f"{type(exc).__name__}: {exc}")
 
@@ -243,12 +261,15 @@ def _served(recipe: Recipe, _run: RunSession, pytestconfig: pytest.Config) -> An
 def server(_served: Any, recipe: Recipe, _run: RunSession, request: pytest.FixtureRequest) -> Server:
     """The running server of the current recipe. A recipe that could not start is one error (on its first
     test) and its other tests could not run: skipped, pointing at that error."""
+    c = Check.of(request.node)
+    if isinstance(_served, Occupied):  # what serves there is not this recipe's, and stays up: could not run
+        pytest.skip(f"[{c.id if c else request.node.name}] could not run: {recipe.name}: {mask(str(_served))}"
+                    + (" (to run it: --take-over)" if isinstance(_served, NeedsTakeOver) else ""))
     if isinstance(_served, StartError):
         if recipe.name in _run.start_errors:
             pytest.skip(f"{recipe.name} could not be brought up (see the error on its first test)")
         _run.start_errors[recipe.name] = str(_served)
         pytest.fail(mask(f"{recipe.name} could not be brought up: {_served}"), pytrace=False)
-    c = Check.of(request.node)
     if _served.not_served and c and c.id != "SERVE-MODELS":
         pytest.skip(f"[{c.id}] could not run: {_served.not_served}, and every request names the recipe's model "
                     "(the same defect as SERVE-MODELS's)")

@@ -117,21 +117,39 @@ FLOOR_CHECKS = {
 
 
 class Floor(_Strict):
-    """A per-request performance floor: a fixed share (FLOOR_SHARE) of a published or measured figure."""
+    """A per-request performance floor: a fixed share (FLOOR_SHARE) of a published or measured figure, or a stated
+    minimum (an operator's acceptance card) where that is higher."""
 
     figure: float = Field(description="the mean the floor derives from")
     basis: Literal["guide", "measured-here"] = "guide"
     unit: str = "tok/s"
     measured: str = Field(description="the figure with its n, spread and shape, as published or measured")
     source: str = Field(description="where: the guide's section and line, or the run that measured it")
+    stated: float | None = Field(None, description="a minimum stated apart from the figure (an acceptance card); "
+                                                   "the floor is the higher of it and the share rule")
+    stated_source: str | None = Field(None, description="who stated it, in their words")
+
+    @model_validator(mode="after")
+    def _stated_has_source(self) -> Floor:
+        if (self.stated is None) != (self.stated_source is None):
+            raise ValueError("`stated` and `stated_source` go together: a stated minimum names who stated it")
+        return self
 
     @property
-    def min(self) -> float:
+    def share_min(self) -> float:
         return round(self.figure * FLOOR_SHARE[self.basis], 1)
 
     @property
+    def min(self) -> float:
+        return max(self.share_min, self.stated) if self.stated is not None else self.share_min
+
+    @property
     def rule(self) -> str:
-        return f"{FLOOR_SHARE[self.basis]:.0%} of {self.figure:g} {self.unit} ({self.basis})"
+        share = f"{FLOOR_SHARE[self.basis]:.0%} of {self.figure:g} {self.unit} ({self.basis})"
+        if self.stated is None:
+            return share
+        return (f"the higher of {self.stated:g} {self.unit} stated ({self.stated_source}) and {share} = "
+                f"{self.share_min:g}")
 
     def expected(self, what: str = "") -> str:
         """The floor as a failure message's `expected`: the minimum, the rule, and where the figure comes from."""
@@ -248,3 +266,43 @@ def load_recipes(
             )
         recipes[recipe.name] = recipe
     return recipes
+
+
+def override_images(recipes: dict[str, Recipe], specs: list[str], chosen: list[str] | None = None) -> dict[str, str]:
+    """--image, for the upgrade gate: which recipe serves which candidate image, for this run. A spec is WHAT=REF
+    (WHAT: a recipe's name, or an image that recipes use today: all of those) or a bare REF, which is allowed only
+    when the docker recipes in play (`chosen`, else all) use one image: it never guesses between images. Returns
+    recipe name -> image; raises ValueError saying what to write instead."""
+    in_play = [recipes[n] for n in (chosen or recipes) if n in recipes]
+    docker = [r for r in in_play if r.launcher == "docker"]
+    by_image: dict[str, list[str]] = {}
+    for r in docker:
+        by_image.setdefault(r.image or "", []).append(r.name)
+    uses = "; ".join(f"{image}: {', '.join(names)}" for image, names in by_image.items())
+    out: dict[str, str] = {}
+    for spec in specs:
+        what, _, ref = spec.rpartition("=")
+        if not ref:
+            raise ValueError(f"--image {spec}: no image after '='")
+        if not what:
+            if len(by_image) != 1:
+                raise ValueError(f"--image {ref}: {'no docker recipe is' if not by_image else 'the docker recipes'} "
+                                 f"in play {'to serve it' if not by_image else f'use {len(by_image)} images ({uses})'}"
+                                 f"; say which it replaces: --image RECIPE={ref} or --image IMAGE={ref}")
+            names = next(iter(by_image.values()))
+        elif what in recipes:
+            if recipes[what].launcher != "docker":
+                raise ValueError(f"--image {spec}: {what} runs as a {recipes[what].launcher}, not from an image")
+            if what not in {r.name for r in in_play}:
+                raise ValueError(f"--image {spec}: {what} is not selected (--recipe)")
+            names = [what]
+        elif what in by_image:
+            names = by_image[what]
+        else:
+            raise ValueError(f"--image {spec}: {what} is neither a recipe nor an image a selected docker recipe uses "
+                             f"({uses or 'none'})")
+        for name in names:
+            if out.get(name, ref) != ref:
+                raise ValueError(f"--image {spec}: {name} is already given {out[name]}")
+            out[name] = ref
+    return out

@@ -94,6 +94,15 @@ class Measurement(Figure):
     floor_name: str | None = Field(None, description="which of the recipe's floors (natural_decode, ...)")
 
 
+class Downtime(BaseModel):
+    """What a --take-over run set aside (production) and how long it was down: from its stop to serving again."""
+
+    container: str
+    served: list[str] = Field([], description="the models it served on its port before it was set aside")
+    seconds: float | None = Field(None, description="from its stop to serving again (a real answer); None: not back")
+    outcome: str = Field(description="what the run saw at the end")
+
+
 class Results(BaseModel):
     """A sparkgate results file (--results-json). Figures are per request unless their name says aggregate."""
 
@@ -104,12 +113,13 @@ class Results(BaseModel):
     submitter: Submitter = Submitter()
     level: Literal["quick", "standard", "extended"] | None = Field(
         None, description="the --level it ran at; None: written before levels, with the standard level's repetitions")
+    selection: str | None = Field(None, description="what was selected to run (-m and -k, as given); None: all")
     system: System | None = Field(None, description="the box, summarised")
     host: HostFacts | None = Field(None, description="every fact the host layer read, once per run")
     recipes: list[RecipeRun] = []
     checks: list[CheckResult] = []
     measurements: list[Measurement] = []
-
+    downtime: list[Downtime] = Field([], description="production set aside by --take-over, and its time down")
 
     @property
     def measured_level(self) -> str:
@@ -124,7 +134,7 @@ def load(path: Path) -> Results:
 def problems(r: Results) -> list[str]:
     """What stops a valid file from being a complete, comparable submission: a run that did not finish, a method
     this version of the suite does not know, a floor of a recipe that no figure was held to (of the checks that
-    measure at the file's level)."""
+    measure at the file's level and were selected: a file is complete for what it selected)."""
     found = []
     if r.schema_version != SCHEMA_VERSION:
         found.append(f"schema version {r.schema_version}; this sparkgate reads {SCHEMA_VERSION}")
@@ -139,7 +149,10 @@ def problems(r: Results) -> list[str]:
         found.append(f"level {r.measured_level!r} is not one this sparkgate runs ({', '.join(LEVELS)})")
     for run in r.recipes:
         held = {m.floor_name for m in r.measurements if m.recipe == run.recipe and m.floor_name}
+        selected = {c.id for c in r.checks if c.recipe == run.recipe}
         for name in run.floors:
+            if FLOOR_CHECKS.get(name) not in selected and r.checks:
+                continue  # not selected (-m, -k): the file does not claim it
             if name not in held and (level is None or level.runs(FLOOR_CHECKS.get(name, ""))):
                 check = FLOOR_CHECKS.get(name, "?")
                 ended = next((c for c in r.checks if c.id == check and c.recipe == run.recipe), None)
@@ -158,10 +171,11 @@ def now() -> str:
 class ResultsFile:
     """A run's results, kept as it goes; written to `path` after every change when there is one."""
 
-    def __init__(self, path: Path | None, submitter: Submitter | None = None, level: str = "standard") -> None:
+    def __init__(self, path: Path | None, submitter: Submitter | None = None, level: str = "standard",
+                 selection: str | None = None) -> None:
         self.path = path
         self.data = Results(suite=Suite(version=__version__, commit=commit()), started=now(),
-                            submitter=submitter or Submitter(), level=level)
+                            submitter=submitter or Submitter(), level=level, selection=selection)
 
     def set_system(self, facts: HostFacts) -> None:
         self.data.system = System.of(facts)
@@ -194,6 +208,10 @@ class ResultsFile:
         result.floors = {m.floor_name: m.floor for m in self.data.measurements
                          if m.test == result.test and m.floor_name and m.floor is not None}
         self.data.checks = [c for c in self.data.checks if c.test != result.test] + [result]
+        self._write()
+
+    def add_downtime(self, downtime: Downtime) -> None:
+        self.data.downtime.append(downtime)
         self._write()
 
     def finish(self) -> None:

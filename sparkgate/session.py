@@ -4,9 +4,11 @@ the baseline gate. The checks never see it: they take the narrow fixtures sparkg
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,15 +22,16 @@ from .compare import ALPHA, compare_figure, key
 from .hostfacts import HostFacts, gather, gpu_mib_of_container, matching_profile
 from .hostlock import HostLock, Journal, LockError
 from .launch import Server, StartError
+from .launch.base import wait_ready
 from .launch.container_spec import HostPaths
 from .launch.docker_engine import DockerEngine
 from .launch.docker_launcher import HostSide, undo
 from .levels import LEVELS, Level
 from .measure import Figure
-from .proc import DEFERRED_SIGNALS, TEARDOWN_SIGNALS, noting
-from .recipes import Profile, Recipe, RecipeError, load_profiles, load_recipes
+from .proc import DEFERRED_SIGNALS, TEARDOWN_SIGNALS, cache_dir, noting, shielded
+from .recipes import Profile, Recipe, RecipeError, load_profiles, load_recipes, override_images
 from .redact import mask
-from .results import CheckResult, Measurement, Results, ResultsFile, Submitter, load
+from .results import CheckResult, Downtime, Measurement, Results, ResultsFile, Submitter, load
 from .shipped import LAYERS, layer_of
 from .target import open_host
 
@@ -73,11 +76,12 @@ class RunSession:
         self._facts: HostFacts | None = None
         # What the run measured and found, kept as it goes (and written as it goes with --results-json).
         self.results = ResultsFile(Path(opt.sg_results_json) if opt.sg_results_json else None,
-                                   Submitter(name=opt.sg_submitter, notes=opt.sg_notes), self.level.name)
+                                   Submitter(name=opt.sg_submitter, notes=opt.sg_notes), self.level.name,
+                                   selection(config))
         self.environment: dict[str, str] = {}  # for the report's environment table
         self.baseline = self._baseline()
         if opt.sg_image:
-            self.override_image(opt.sg_image)
+            self.override_images(opt.sg_image)
         self.start_errors: dict[str, str] = {}
         self._docker: DockerEngine | None = None
         self.lock: HostLock | None = None
@@ -188,6 +192,59 @@ class RunSession:
                                              f"restored: {exc}")) from None
             self.journal.clear()
 
+    # ---- production, set aside by --take-over ---------------------------------------------------------------
+
+    def last_start(self, recipe: str) -> float | None:
+        """Seconds the suite last took to bring `recipe` to serving on this target (the runner's cache), if known."""
+        return _starts().get(f"{self.target} {recipe}")
+
+    def put_back(self) -> None:
+        """After the run's last recipe: bring back what --take-over set aside, and wait until it serves again (on its
+        port, its model listed, a real answer), at most twice its own last start (its log's) plus a minute, else
+        --startup-timeout. The downtime is printed and recorded; a production that does not come back is one
+        failure with the commands that bring it back."""
+        if self._journal is None or not self._journal.entries:
+            return
+        entries = list(self._journal.entries)
+        with shielded(self.say, "putting production back"):
+            for done in undo(self.docker, entries, self.say):
+                self.say(f"  {done}")
+            self._journal.clear()
+            for e in entries:
+                if e["kind"] == "set-aside" and e.get("running"):
+                    self._wait_back(e)
+
+    def _wait_back(self, e: dict[str, Any]) -> None:
+        name, served, load_s = e["name"], e.get("served") or [], e.get("load_s")
+        budget = 2 * load_s + 60 if load_s else self.config.option.sg_startup_timeout
+        rule = f"twice its own last start, {load_s:.0f} s, plus a minute" if load_s else "--startup-timeout"
+        url = f"http://{self.docker.address}:{e['port']}"
+        recipe = self.recipes.get(e.get("recipe", ""))
+        key = self.api_key or (recipe.args.api_key if recipe else None)
+        outcome, seconds = f"{name} back under its name and started; it served nothing on port {e['port']} before", None
+        try:
+            if served:
+                self.say(f"{name}: waiting for it to serve {served[0]} again (at most {budget:.0f} s)")
+                wait_ready(url, served[0], budget, lambda: None, self.say, name, key, quiet=True)
+                answer_once(url, served[0], key)
+                seconds = time.time() - e["down_at"]
+                outcome = f"{name} serves {served[0]} again (a real answer) after {seconds:.0f} s down"
+        except (StartError, httpx.HTTPError, ValueError, KeyError) as exc:
+            outcome = f"{name} did not serve {served[0]} again within {budget:.0f} s: {exc}"
+            self.results.add_downtime(Downtime(container=name, served=served, seconds=None, outcome=mask(outcome)))
+            pytest.fail(mask(
+                f"PRODUCTION IS NOT SERVING: {outcome}\n"
+                f"  expected: {name} serving {served[0]} on port {e['port']} within {budget:.0f} s of its restore "
+                f"({rule})\n"
+                f"  found:    it was renamed back and started (docker start), and does not answer with its model\n"
+                f"  why:      this run took it down (--take-over); every user of the box is without it\n"
+                f"  fix:      docker logs --tail 50 {name}; docker restart {name}; then curl {url}/v1/models"),
+                pytrace=False)
+        self.say(f"{outcome}" + (f" (set aside at {time.strftime('%H:%M:%S', time.localtime(e['down_at']))})"
+                                 if seconds is not None else ""))
+        self.results.add_downtime(Downtime(container=name, served=served, seconds=seconds and round(seconds, 1),
+                                           outcome=mask(outcome)))
+
     def release(self) -> None:
         if self._docker is not None:
             self._docker.close()  # the ssh forward of the engine's socket
@@ -197,16 +254,15 @@ class RunSession:
 
     # ---- selection ----------------------------------------------------------------------------------------
 
-    def override_image(self, image: str) -> None:
-        """--image: every docker recipe serves this image instead of its own, for this run only."""
-        docker = {n: r for n, r in self.recipes.items() if r.launcher == "docker"}
-        if processes := [r.name for r in self.selected if r.launcher != "docker" and self.config.option.sg_recipe]:
-            raise pytest.UsageError(f"--image {image}: {', '.join(processes)} runs as a process, not from an image")
-        if not docker:
-            raise pytest.UsageError(f"--image {image}: no docker recipe to serve it (--image replaces a docker "
-                                    "recipe's image; have: " + ", ".join(self.recipes) + ")")
-        for name, r in docker.items():
-            self.recipes[name] = r.model_copy(update={"image": image})
+    def override_images(self, specs: list[str]) -> None:
+        """--image: the recipes it names (by name, or by the image they use today) serve the candidate image instead
+        of their own, for this run only."""
+        try:
+            images = override_images(self.recipes, specs, self.config.option.sg_recipe)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        for name, image in images.items():
+            self.recipes[name] = self.recipes[name].model_copy(update={"image": image})
         self.selected = [self.recipes[r.name] for r in self.selected]
 
     def profile(self) -> Profile | None:
@@ -278,6 +334,8 @@ class RunSession:
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             srv.facts.setdefault("vllm_version", "unknown (no /version)")
         self.results.add_recipe(srv.recipe, srv.facts)
+        if srv.started and srv.recipe is not None and (load_s := srv.facts.get("load_s")):
+            _remember_start(f"{self.target} {srv.recipe.name}", float(load_s))
         r, f = srv.recipe, srv.facts
         if r is not None:
             image = f"{f['image']} ({f.get('image_id', '')[:19]}; {f.get('image_digest') or 'no registry digest'})" \
@@ -344,6 +402,34 @@ class RunSession:
                     "measured differently: make the baseline again with this version of the suite"), pytrace=False)
         return result
 
+    def missing_from_baseline(self) -> list[str]:
+        """What the baseline judged and this run did not: each figure it measured and this run did not, each check
+        that passed there and neither passed nor failed here (not selected, or could not run), and how the two
+        selections differ. A candidate that measured less never passes the gate for what it left out."""
+        assert self.baseline is not None
+        base, opt = self.baseline, self.config.option
+        have = {key(m) for m in self.measured}
+        figures = [f"{m.recipe} [{m.check}] {m.name}" for m in base.measurements if key(m) not in have]
+        ran = {(c.recipe, c.id) for c in self.outcomes if c.outcome != "skipped"}
+        checks = sorted({f"{c.recipe or 'host'} [{c.id}]" for c in base.checks
+                         if c.outcome == "passed" and (c.recipe, c.id) not in ran})
+        if not figures and not checks:
+            return []
+        lines = []
+        if figures:
+            lines += [f"{len(figures)} figure(s) of the baseline {opt.sg_baseline} not measured by this run:",
+                      *(f"  {f}" for f in figures)]
+        if checks:
+            lines += [f"{len(checks)} check(s) that passed in the baseline and neither passed nor failed here:",
+                      *(f"  {c}" for c in checks)]
+        mine = self.results.data.selection
+        if base.selection != mine:
+            lines.append(f"the selections differ: the baseline ran {base.selection or 'everything'}, this run "
+                         f"{mine or 'everything'}")
+        lines.append("run the candidate with the baseline's selection and level (and recipes), or make the baseline "
+                     "again with this run's; a figure the candidate did not measure is not one it passed")
+        return lines
+
     def note_outcome(self, item: pytest.Item, report: pytest.TestReport, check: str) -> None:
         """How a check ended (a failure in setup, call or teardown is its outcome, whatever else happened)."""
         if (old := self.results.check(item.nodeid)) is not None and old.outcome == "failed":
@@ -370,10 +456,19 @@ class RunSession:
         """A run in which every check was skipped ran nothing: it must not read as a pass to a gate script."""
         if self.outcomes:
             self.results.finish()
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if self.baseline is not None and self.outcomes and exitstatus in (pytest.ExitCode.OK,
+                                                                           pytest.ExitCode.TESTS_FAILED):
+            missing = self.missing_from_baseline()
+            if missing:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+                if reporter:
+                    reporter.write_sep("=", "sparkgate: the gate fails on what the candidate did not measure", red=True)
+                    for line in missing:
+                        reporter.write_line(mask(line))
         ran = {o.outcome for o in self.outcomes}
         if exitstatus == pytest.ExitCode.OK and self.outcomes and not ran & {"passed", "failed"}:
             session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
-            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
             if reporter:
                 reporter.write_line(f"sparkgate: all {len(self.outcomes)} selected checks were skipped: nothing ran "
                                     "(exit status 5; read the skip reasons)")
@@ -416,3 +511,41 @@ def redact_identities(facts: HostFacts) -> None:
     redact.MASKER.redact(facts.user if facts.user not in ("root", "") else None, "<user>")
     for i, gpu in enumerate(facts.gpus):
         redact.MASKER.redact(gpu.pci_bus_id, f"<pci-{i}>")
+
+
+def selection(config: pytest.Config) -> str | None:
+    """What was selected to run, as given: -m and -k (None: everything)."""
+    parts = [f"-m {config.option.markexpr!r}" if config.option.markexpr else "",
+             f"-k {config.option.keyword!r}" if config.option.keyword else ""]
+    return " ".join(p for p in parts if p) or None
+
+
+def _starts_file() -> Path:
+    return cache_dir() / "starts.json"
+
+
+def _starts() -> dict[str, float]:
+    try:
+        data = json.loads(_starts_file().read_text())
+        return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def _remember_start(key: str, seconds: float) -> None:
+    starts = _starts()
+    starts[key] = round(seconds, 1)
+    tmp = _starts_file().with_suffix(".tmp")
+    tmp.write_text(json.dumps(starts, indent=1))
+    os.replace(tmp, _starts_file())
+
+
+def answer_once(base_url: str, model: str, api_key: str | None) -> None:
+    """One real answer from `model` (a few tokens): serving, not only listing. Raises when there is none."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    response = httpx.post(f"{base_url}/v1/chat/completions", headers=headers, timeout=120,
+                          json={"model": model, "max_tokens": 8,
+                                "messages": [{"role": "user", "content": "Say OK."}]})
+    response.raise_for_status()
+    if not response.json()["usage"]["completion_tokens"]:
+        raise ValueError("it answered with no tokens")

@@ -10,6 +10,7 @@
 """
 
 from .base import Server, StartError
+from .docker_launcher import NeedsTakeOver, Occupied
 from .lifecycle import serving
 
-__all__ = ["Server", "StartError", "serving"]
+__all__ = ["NeedsTakeOver", "Occupied", "Server", "StartError", "serving"]

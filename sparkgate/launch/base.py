@@ -77,9 +77,9 @@ def _never_ready(response: httpx.Response, served_name: str | None) -> str | Non
 
 def wait_ready(base_url: str, served_name: str | None, timeout_s: float, alive: Callable[[], str | None],
                progress: Progress, label: str, api_key: str | None = None, quiet: bool = False,
-               log: Callable[[], str] | None = None) -> None:
-    """Poll /v1/models until `served_name` is listed (None: until any model list answers). `alive()` returns why the
-    server is gone, or None.
+               log: Callable[[], str] | None = None) -> float:
+    """Poll /v1/models until `served_name` is listed (None: until any model list answers); return the seconds it
+    took. `alive()` returns why the server is gone, or None.
     An answer that can never become ready (401, 403, 404, not a model list, another model) fails at once.
     While it loads, each phase its log shows (`log()`: weights, graphs, KV cache) is a progress detail."""
     from ..vllmlog import phases
@@ -98,9 +98,10 @@ def wait_ready(base_url: str, served_name: str | None, timeout_s: float, alive: 
                 response = None
             if response is not None:
                 if response.status_code == 200 and (why := _never_ready(response, served_name)) is None:
+                    took = time.monotonic() - start
                     if not quiet:
-                        progress(f"{label}: serving {served_name} after {time.monotonic() - start:.0f} s")
-                    return
+                        progress(f"{label}: serving {served_name} after {took:.0f} s")
+                    return took
                 if why := _never_ready(response, served_name):
                     raise StartError(f"{label} at {base_url}: {why}")
             now = time.monotonic()
@@ -118,6 +119,18 @@ def wait_ready(base_url: str, served_name: str | None, timeout_s: float, alive: 
                 progress(f"  {label}: loading, {now - start:.0f} s")
                 last_note = now
             time.sleep(1)
+
+
+def served_names(base_url: str, api_key: str | None = None) -> list[str] | None:
+    """The model names a server on `base_url` lists; None when nothing answers there (or not with a model list)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=10)
+        return [str(m["id"]) for m in response.json()["data"]] if response.status_code == 200 else []
+    except httpx.HTTPError:
+        return None
+    except (ValueError, KeyError, TypeError):
+        return []
 
 
 def masked(progress: Progress) -> Progress:

@@ -4,15 +4,18 @@ Every change it makes to the box is written to the run journal (on the host) bef
 teardown by `undo()`, which works from the journal and the engine's state alone, so the same code restores the
 box after this run, after an interrupt at any point, and after a run that died (the next run calls it):
 
-- `set-aside`: a container of the recipe's name that differs from the recipe (production, usually) is stopped
-  and renamed `<name>.sparkgate-saved`. Undo: rename it back (removing ours if it holds the name) and start it
-  again if it was running.
+- `set-aside` (only with --take-over, or for a container that is not running): what holds the recipe's name or
+  port and differs from it (production, usually) is stopped and renamed `<name>.sparkgate-saved`, once per run:
+  it stays aside until the run's last recipe is done. Undo: rename it back (removing ours if it holds the name),
+  start it again if it was running, and (the run's) wait until it serves again.
 - `create`: the recipe's container is created (labelled io.sparkgate.*), then started. Undo: remove it, and
   anything else carrying the suite's labels (`docker rm -f`: a restart policy resurrects a merely stopped one).
 
-What it decides before touching anything (`plan()`): reuse a container that runs exactly the recipe at the
-image the tag names now, else replace it; the memory it holds counts as free for the pre-flight, which runs
-between plan() and start(), so a refused recipe never interrupts production. Never pulls unless asked.
+What it decides before touching anything (`plan()`): what serves the recipe's model on its port is tested in place
+(never stopped, restarted or renamed); a recipe that could only run with production down is NeedsTakeOver (could
+not run, with the downtime it would cost) unless the run may take over; a replaced container's memory counts as
+free for the pre-flight, which runs between plan() and start(), so a refused recipe never interrupts production.
+Never pulls unless asked.
 """
 
 from __future__ import annotations
@@ -27,19 +30,29 @@ from typing import Any
 from ..hostlock import Journal
 from ..recipes import Recipe
 from ..vllmlog import parse as parse_log
-from .base import Progress, Server, StartError, wait_ready
+from .base import Progress, Server, StartError, served_names, wait_ready
 from .container_spec import (
     LABEL,
     SAVED_SUFFIX,
     HostPaths,
     config_drift,
     docker_run,
+    live_argv,
     resident_bytes,
     run_kwargs,
 )
 from .docker_engine import DockerEngine
 
 RETRIES = 5  # per undo step, reconnecting between attempts
+
+
+class Occupied(StartError):
+    """The recipe could only be served with what serves on its port taken down: it could not run (never a failure
+    of the box). Says what serves there."""
+
+
+class NeedsTakeOver(Occupied):
+    """Occupied by a container the run may set aside with --take-over. Says what the downtime would be."""
 
 
 class Refused(StartError):
@@ -50,8 +63,10 @@ class Refused(StartError):
 class Plan:
     """What start() will do, decided before anything is touched."""
 
-    reuse: Any = None  # a container already running exactly the recipe: tested as it is, left running
-    replace: Any = None  # a container of the recipe's name that differs: set aside, restored at teardown
+    reuse: Any = None  # a running container tested in place (exactly the recipe, or serving its model): left running
+    in_place: bool = False  # what serves the recipe's model on its port (a container, or a process) is tested as is
+    replace: Any = None  # a container of the recipe's name or port that differs: set aside until the run's end
+    served: list[str] | None = None  # what `replace` served on the port (None: nothing answered)
     drift: list[str] = field(default_factory=list)
     reclaimable_bytes: int = 0  # what `replace` holds, given back before the recipe starts
     notes: list[str] = field(default_factory=list)
@@ -69,13 +84,16 @@ class HostSide:
 
 
 class DockerLauncher:
-    def __init__(self, recipe: Recipe, engine: DockerEngine, journal: Journal, host: HostSide | None = None) -> None:
+    def __init__(self, recipe: Recipe, engine: DockerEngine, journal: Journal, host: HostSide | None = None, *,
+                 take_over: bool = False, last_start: Callable[[str], float | None] = lambda _name: None) -> None:
         if not (recipe.image and recipe.container_name):
             raise StartError(f"{recipe.name}: a docker recipe needs `image` and `container_name`")
         self.recipe = recipe
         self.engine = engine
         self.journal = journal
         self.host = host or HostSide()
+        self.take_over = take_over
+        self.last_start = last_start  # seconds the suite last took to bring a recipe to serving here, if known
         self.run_id = uuid.uuid4().hex[:12]
         self.reused = False
         self.restored: str | None = None  # what stop() brought back, for the progress line
@@ -106,35 +124,94 @@ class DockerLauncher:
             left = client.containers.get(name + SAVED_SUFFIX)
         except docker.errors.NotFound:
             left = None
-        if left is not None:
+        if left is not None and left.id not in self._set_aside_ids():
             raise StartError(f"a container {left.name} is on {where}: a run set {name} aside and did not bring "
                              f"it back, and no run journal says how. Restore it first: {restore_commands(name)}")
         try:
             existing = client.containers.get(name)
         except docker.errors.NotFound:
             existing = None
-        if not _may_hold_port(existing, r.ports.get(r.port, r.port)) and self._port_answers():
-            port = r.ports.get(r.port, r.port)
-            raise StartError(f"port {port} already answers on {self.engine.address}: something other than "
-                             f"{name} is serving there, and the recipe's server could not bind it. Nothing was "
-                             f"stopped or started. Test it with --base-url http://{self.engine.address}:{port} "
-                             f"--recipe {r.name}, or stop it first")
+        drift = config_drift(r, existing.attrs, tag_id) if existing is not None else []
+        if existing is not None and existing.status == "running" and not drift:
+            return Plan(reuse=existing)
+        port = self.port
+        holder = existing if _may_hold_port(existing, port) else self._port_holder(port)
+        serves = served_names(self.base_url, r.args.api_key)
+        if serves is not None:  # something serves on the recipe's port
+            if r.model.served_name in serves and not self.take_over:
+                return Plan(reuse=holder, in_place=True, drift=drift if holder is existing else [])
+            if holder is None:
+                raise Occupied(f"port {port} on {self.engine.address} is served by a process, not a container of "
+                               f"{where} (it serves {', '.join(serves) or 'no model list'}, not "
+                               f"{r.model.served_name}): the suite never stops what it did not start. Nothing was "
+                               "stopped or started")
+            if not self.take_over:
+                raise NeedsTakeOver(self._downtime(holder, serves))
+            return Plan(replace=holder, drift=drift if holder is existing else [f"serves {serves} on port {port}"],
+                        reclaimable_bytes=self._held(holder), served=serves)
         if existing is None:
             return Plan()
-        drift = config_drift(r, existing.attrs, tag_id)
-        if not drift and existing.status == "running":
-            return Plan(reuse=existing)
-        held = 0
-        if existing.status == "running":
-            held = resident_bytes(existing.stats(stream=False)) or 0
-            held += self.host.gpu_mib(existing.id) * 2**20
-        return Plan(replace=existing, drift=drift or [f"status {existing.status}"], reclaimable_bytes=held)
+        if existing.status in ("running", "restarting") and not self.take_over:
+            raise NeedsTakeOver(self._downtime(existing, None))
+        return Plan(replace=existing, drift=drift or [f"status {existing.status}"],
+                    reclaimable_bytes=self._held(existing) if existing.status == "running" else 0)
+
+    @property
+    def port(self) -> int:
+        return self.recipe.ports.get(self.recipe.port, self.recipe.port)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.engine.address}:{self.port}"
+
+    def _set_aside_ids(self) -> set[str]:
+        return {e["id"] for e in self.journal.entries if e.get("kind") == "set-aside"}
+
+    def _port_holder(self, port: int) -> Any:
+        """The running container that serves on the host's `port`: one publishing it, or one on the host network
+        whose vLLM command names it (vLLM's default is 8000); None when no container does."""
+        for c in self.engine.client.containers.list():
+            if not _may_hold_port(c, port):
+                continue
+            if (c.attrs.get("HostConfig") or {}).get("NetworkMode") != "host" or _vllm_port(c.attrs) == port:
+                return c
+        return None
+
+    def _held(self, container: Any) -> int:
+        """The memory a running container holds (its cgroup's, plus its processes' GPU memory), in bytes."""
+        return (resident_bytes(container.stats(stream=False)) or 0) + self.host.gpu_mib(container.id) * 2**20
+
+    def _downtime(self, holder: Any, serves: list[str] | None) -> str:
+        """Why the recipe could not run in place, and what taking production over would cost."""
+        r = self.recipe
+        what = (f"serves {', '.join(serves) or 'something that is no model list'} on port {self.port}, not "
+                f"{r.model.served_name}" if serves is not None else
+                f"runs ({holder.status}) under the recipe's container name and differs from the recipe")
+        own = startup_seconds(holder)
+        last = self.last_start(r.name)
+        theirs = (f"{last:.0f} s when this suite last brought it up here" if last is not None else
+                  f"not measured here yet: {r.model.disk_gib:g} GiB of weights to load, then graph capture: several "
+                  "minutes on a Spark")
+        back = f"{own:.0f} s, its own last start (its log)" if own is not None else "unknown (its log does not say)"
+        total = (f"about {(last + own) / 60:.1f} min" if last is not None and own is not None else "several minutes")
+        return (f"container {holder.name} ({holder.id[:12]}) {what}: serving {r.name} would take {holder.name} down "
+                f"for {total} plus {r.name}'s checks ({r.name}'s start: {theirs}; {holder.name}'s start again: "
+                f"{back}). Nothing was stopped")
 
     def _port_answers(self) -> bool:
-        port = self.recipe.ports.get(self.recipe.port, self.recipe.port)
         with socket.socket() as s:
             s.settimeout(5)
-            return s.connect_ex((self.engine.address, port)) == 0
+            return s.connect_ex((self.engine.address, self.port)) == 0
+
+    def _wait_port_free(self, timeout_s: float = 60) -> None:
+        """The recipe's server must be the only one on its port: its readiness then comes from it alone."""
+        deadline = time.monotonic() + timeout_s
+        while self._port_answers():
+            if time.monotonic() > deadline:
+                raise StartError(f"port {self.port} on {self.engine.address} still answers {timeout_s:.0f} s after "
+                                 f"what served there was stopped: another server holds it. Nothing of "
+                                 f"{self.recipe.name} was started")
+            time.sleep(1)
 
     # ---- start ----
 
@@ -143,21 +220,29 @@ class DockerLauncher:
 
         r, client = self.recipe, self.engine.client
         self.progress = progress
-        base_url = f"http://{self.engine.address}:{r.ports.get(r.port, r.port)}"
-        if plan.reuse is not None:
+        base_url = self.base_url
+        if plan.in_place:
+            held = f"container {plan.reuse.name} ({plan.reuse.id[:12]})" if plan.reuse is not None else "a process"
+            progress(f"{r.name}: {held} serves {r.model.served_name} on port {self.port}: testing it in place as it "
+                     "runs (not stopped, restarted or renamed)" + (
+                         f"; it differs from the recipe ({'; '.join(plan.drift)}): --take-over serves the recipe "
+                         "exactly instead" if plan.drift else ""))
+        elif plan.reuse is not None:
             progress(f"{r.name}: container {r.container_name} already runs this recipe at the image its tag names "
                      "now; using it (it stays up)")
+        if plan.reuse is not None or plan.in_place:
             self.reused = True
             server = self._server(base_url, plan.reuse)
-            wait_ready(base_url, r.model.served_name, timeout_s, self._watch(plan.reuse, ours=False), progress,
-                       r.name, server.api_key)
+            alive = self._watch(plan.reuse, ours=False) if plan.reuse is not None else lambda: None
+            wait_ready(base_url, r.model.served_name, timeout_s, alive, progress, r.name, server.api_key)
             return self._with_facts(server, plan.reuse)
         try:
             client.images.get(r.image)
         except docker.errors.ImageNotFound:
             self._pull(progress)
         if plan.replace is not None:
-            self._set_aside(plan.replace, plan.drift, progress)
+            self._set_aside(plan.replace, plan.drift, plan.served, progress)
+        self._wait_port_free()
         progress(f"{r.name}: {docker_run(r, self.host.paths)}")
         entry = self.journal.record("create", name=r.container_name, run=self.run_id, id=None)
         try:
@@ -168,8 +253,9 @@ class DockerLauncher:
             raise StartError(f"the docker engine of {self.engine.target} would not start {r.container_name}: "
                              f"{exc.explanation or exc}") from None
         server = self._server(base_url, container)
-        wait_ready(base_url, r.model.served_name, timeout_s, self._watch(container, ours=True), progress, r.name,
-                   server.api_key, log=server.log_text)
+        took = wait_ready(base_url, r.model.served_name, timeout_s, self._watch(container, ours=True), progress, r.name,
+                          server.api_key, log=server.log_text)
+        server.facts["load_s"] = f"{took:.1f}"
         return self._with_facts(server, container)
 
     def _pull(self, progress: Progress) -> None:
@@ -192,18 +278,25 @@ class DockerLauncher:
                          f"{len(layers)} layers ({last - start:.0f} s)")
         progress(f"{self.recipe.name}: pulled {image} in {time.monotonic() - start:.0f} s")
 
-    def _set_aside(self, existing: Any, drift: list[str], progress: Progress) -> None:
+    def _set_aside(self, existing: Any, drift: list[str], served: list[str] | None, progress: Progress) -> None:
         name = existing.name
         running = existing.status in ("running", "restarting")  # a crash-looping one goes back to looping
         progress(f"{self.recipe.name}: container {name} ({existing.id[:12]}, {existing.status}) differs from the "
-                 f"recipe ({'; '.join(drift)}): setting it aside as {name}{SAVED_SUFFIX}, restored at teardown")
-        # Intent first: if the run dies between these steps, undo() finds it by id and puts it back as it was.
-        self.journal.record("set-aside", name=name, id=existing.id, running=running)
+                 f"recipe ({'; '.join(drift)}): setting it aside as {name}{SAVED_SUFFIX} until the run's last recipe "
+                 "is done (--take-over)")
+        # Intent first: if the run dies between these steps, undo() finds it by id and puts it back as it was. What
+        # it served, on which port, and its own start time: the run waits for it to serve again, as long as that.
+        self.journal.record("set-aside", name=name, id=existing.id, running=running, recipe=self.recipe.name,
+                            served=served or [], port=self.port, load_s=startup_seconds(existing),
+                            down_at=time.time())
         if running:
             existing.stop(timeout=30)  # a deliberate stop: unless-stopped leaves it stopped (and renamable)
         existing.rename(name + SAVED_SUFFIX)
 
     def _server(self, base_url: str, container: Any) -> Server:
+        if container is None:  # a process serves on the port: tested in place, nothing of it is the suite's
+            return Server(base_url=base_url, served_name=self.recipe.model.served_name, recipe=self.recipe,
+                          started=False, api_key=self.recipe.args.api_key)
         image = container.image
         facts = {"container": container.name, "container_id": container.id[:12], "image": self.recipe.image or "",
                  "image_id": image.id if image else "",
@@ -214,6 +307,8 @@ class DockerLauncher:
                       api_key=self.recipe.args.api_key)
 
     def _with_facts(self, server: Server, container: Any) -> Server:
+        if container is None:
+            return server
         server.facts.update(parse_log(container.logs().decode(errors="replace")).summary())
         return server
 
@@ -254,14 +349,61 @@ class DockerLauncher:
     # ---- teardown ----
 
     def stop(self, progress: Progress) -> bool:
-        """Undo what this run did (from its journal), clear the journal. True if there was anything to undo."""
-        entries = list(self.journal.entries)
-        if not entries:
+        """Remove what this recipe started (from the journal). What was set aside stays aside for the run's next
+        recipe; the run puts it back after its last one. True if there was anything to undo."""
+        mine = [e for e in self.journal.entries if e.get("kind") == "create" and e.get("run") == self.run_id]
+        if not mine:
             return False
-        done = undo(self.engine, entries, progress)
+        done = undo(self.engine, mine, progress, keep=self._set_aside_ids())
         self.restored = "; ".join(done) or None
-        self.journal.clear()
+        self.journal.drop(mine)
         return True
+
+
+def startup_seconds(container: Any) -> float | None:
+    """How long the container's server took from its start to serving, from its own log (the time of uvicorn's
+    'Application startup complete.' after the container's StartedAt); None when its log does not say."""
+    import datetime as dt
+
+    started = _when((container.attrs.get("State") or {}).get("StartedAt", ""))
+    if started is None:
+        return None
+    try:
+        text = container.logs(timestamps=True, since=started, until=started + dt.timedelta(hours=2)).decode(
+            errors="replace")
+    except Exception:  # a log driver that cannot be read back: not known
+        return None
+    for line in text.splitlines():
+        stamp, _, rest = line.partition(" ")
+        if "Application startup complete" in rest and (at := _when(stamp)) is not None:
+            return max((at - started).total_seconds(), 0.0)
+    return None
+
+
+def _when(stamp: str) -> Any:
+    """docker's RFC 3339 time (nanoseconds, Z) as an aware datetime; None for none or docker's zero time."""
+    import datetime as dt
+
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    try:
+        return dt.datetime.fromisoformat(f"{head}.{(frac or '0')[:6]:0<6}+00:00")
+    except ValueError:
+        return None
+
+
+def _vllm_port(attrs: dict[str, Any]) -> int | None:
+    """The port a container's vLLM command serves on (8000 when it names none); None for a command that is no vLLM."""
+    argv = live_argv(attrs)
+    if not any("vllm" in a for a in argv):
+        return None
+    for i, a in enumerate(argv):
+        if a == "--port" and i + 1 < len(argv) and argv[i + 1].isdigit():
+            return int(argv[i + 1])
+        if a.startswith("--port=") and a[7:].isdigit():
+            return int(a[7:])
+    return 8000
 
 
 def _may_hold_port(container: Any, port: int) -> bool:
@@ -281,10 +423,11 @@ def restore_commands(name: str, ours_holds_name: bool = True, was_running: bool 
     return "; ".join(cmds + ([f"docker start {name}"] if was_running else []))
 
 
-def undo(engine: DockerEngine, entries: list[dict[str, Any]], progress: Progress) -> list[str]:
+def undo(engine: DockerEngine, entries: list[dict[str, Any]], progress: Progress,
+         keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """Put the box back as the journal says it was, newest change first, reconnecting and retrying each step.
     Returns what was done; raises StartError with the exact commands when a step truly cannot be done (the
-    journal then stays on the host, for the next run)."""
+    journal then stays on the host, for the next run). `keep`: containers set aside that stay aside for now."""
     done: list[str] = []
     for entry in reversed(entries):
         if entry["kind"] == "create":
@@ -295,7 +438,7 @@ def undo(engine: DockerEngine, entries: list[dict[str, Any]], progress: Progress
                           give_up=restore_commands(entry["name"], was_running=entry["running"]))
             done.append(what)
     # Anything else a run created (a create interrupted before the journal heard its id); never what was restored.
-    restored = {e["id"] for e in entries if e["kind"] == "set-aside"}
+    restored = {e["id"] for e in entries if e["kind"] == "set-aside"} | set(keep)
     leftovers = _retry(engine, progress, lambda client: _remove_labelled(client, restored),
                        "removing the suite's containers")
     if leftovers:

@@ -1,13 +1,14 @@
 """A recipe's lifecycle: refuse before touching, start, wait until it serves, and always put the box back.
 
 1. Refuse what can never serve: a GGUF of a Gated DeltaNet hybrid (dequantised to bf16, it cannot fit).
-2. Decide before touching: the docker launcher plans (reuse, replace, or start fresh) and the memory arithmetic
-   runs on that plan (what a replaced container holds counts as free), so a refused recipe never interrupts
-   production.
+2. Decide before touching: the docker launcher plans (test what serves in place, replace it when the run may take
+   it over, or start fresh) and the memory arithmetic runs on that plan (what a replaced container holds counts as
+   free), so a refused recipe never interrupts production.
 3. Start through the recipe's launcher and wait for /v1/models, watching the launcher: a server that dies or
    loops fails at once with its log tail.
 4. Teardown always runs, shielded from Ctrl-C/SIGTERM/SIGHUP until it has finished, and removes what was
-   started and brings back what was set aside. A restore that cannot be done is an error with the commands.
+   started. What was set aside stays aside for the run's next recipe: the run (sparkgate.session) brings it back
+   after the last one and waits until it serves. A restore that cannot be done is an error with the commands.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def gguf_of_gdn_hybrid(recipe: Recipe) -> str | None:
 @contextmanager
 def serving(recipe: Recipe, profile: Profile, read_mem_available: Callable[[], int], progress: Progress,
             timeout_s: float, *, docker: Callable[[], DockerEngine] | None = None, journal: Journal | None = None,
-            host: HostSide | None = None) -> Iterator[Server]:
+            host: HostSide | None = None, take_over: bool = False,
+            last_start: Callable[[str], float | None] = lambda _name: None) -> Iterator[Server]:
     """Bring `recipe` up, hand it out, and always put the box back as it was."""
     progress = masked(progress)
     if why := gguf_of_gdn_hybrid(recipe):
@@ -53,13 +55,13 @@ def serving(recipe: Recipe, profile: Profile, read_mem_available: Callable[[], i
     if recipe.launcher == "process":
         launcher = ProcessLauncher(recipe)
     elif docker is not None and journal is not None:
-        launcher = DockerLauncher(recipe, docker(), journal, host)
+        launcher = DockerLauncher(recipe, docker(), journal, host, take_over=take_over, last_start=last_start)
     else:
         raise StartError(f"{recipe.name}: the {recipe.launcher} launcher needs the target's docker engine")
     try:
         if isinstance(launcher, DockerLauncher):
             plan = launcher.plan(progress)
-            if plan.reuse is None:
+            if plan.reuse is None and not plan.in_place:
                 _preflight(recipe, profile, read_mem_available(), plan.reclaimable_bytes,
                            f"container {recipe.container_name}")
             server = launcher.start(plan, progress, timeout_s)
