@@ -150,9 +150,12 @@ class Dock:
         self.client = self.engine.client
         self.started = time.monotonic()
 
-    def run_suite(self, pytester, tmp_path, data: dict, *args: str):
+    def run_suite(self, pytester, tmp_path, data: dict | list[dict], *args: str):
+        """The suite against this host with the recipe(s) `data` (each selected with --recipe, in that order)."""
+        recipes = data if isinstance(data, list) else [data]
+        folder = [write_recipe(tmp_path, d) for d in recipes][0]
         result = run_suite(pytester, f"--host={self.host.name}", f"--ssh-config={self.host.ssh_config}",
-                           f"--recipes-dir={write_recipe(tmp_path, data)}", f"--recipe={data['name']}", *args,
+                           f"--recipes-dir={folder}", *(f"--recipe={d['name']}" for d in recipes), *args,
                            timeout=600)
         failed = re.findall(r"^\[((?:CONT|HOST)-[A-Z-]+)\] ", result.stdout.str(), re.M)
         return result, failed

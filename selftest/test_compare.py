@@ -61,7 +61,8 @@ def cli(*args):
 @pytest.fixture(scope="module")
 def runs(embedded_server, tmp_path_factory):
     """before: the good engine; again: the same engine, gated on before; slowed: the engine held to a third of the
-    CPU, gated on before. (name -> (results file, the pytest run))."""
+    CPU, gated on before; narrower: the good engine gated on before, measuring less (-k forced). (name -> (results
+    file, the pytest run))."""
     d = tmp_path_factory.mktemp("runs")
     out = {"before": (d / "before.json", suite(embedded_server, d / "before.json", "--submitter=selftest",
                                                "--notes=the good engine"))}
@@ -70,6 +71,7 @@ def runs(embedded_server, tmp_path_factory):
     out["again"] = (d / "again.json", suite(embedded_server, d / "again.json", *gate))
     with cpu_quota(server_group(embedded_server), (os.cpu_count() or 2) / SLOWED_SHARE):
         out["slowed"] = (d / "slowed.json", suite(embedded_server, d / "slowed.json", *gate))
+    out["narrower"] = (d / "narrower.json", suite(embedded_server, d / "narrower.json", *gate, "-k", "forced"))
     return out
 
 
@@ -77,6 +79,21 @@ def test_a_second_run_of_the_same_engine_passes_the_baseline_gate(runs):
     _, run = runs["again"]
     assert run.returncode == 0, run.stdout[-4000:]
     assert "against the baseline: smollm2-cpu [PERF-FORCED] forced-length decode" in run.stdout
+
+
+def test_a_candidate_that_measured_less_than_the_baseline_fails_the_gate_naming_what_it_left_out(runs):
+    """Every check it ran passed; the concurrency figures and check of the baseline it never measured MUST fail the
+    gate, each named, with how the selections differ."""
+    _, run = runs["narrower"]
+    assert run.returncode == 1, run.stdout[-4000:]
+    assert "FAILED " not in run.stdout and " passed" in run.stdout.splitlines()[-1]
+    gate = run.stdout.split("sparkgate: the gate fails on what the candidate did not measure")[1]
+    assert "figure(s) of the baseline" in gate, gate
+    assert "  smollm2-cpu [PERF-CONCURRENT] decode per request at 4 concurrent" in gate, gate
+    assert "1 check(s) that passed in the baseline and neither passed nor failed here:\n  smollm2-cpu " \
+           "[PERF-CONCURRENT]" in gate, gate
+    assert ("the selections differ: the baseline ran -m 'perf' -k 'forced or decode_under_concurrency', this run "
+            "-m 'perf' -k 'forced'") in gate, gate
 
 
 def test_two_runs_of_one_server_compare_green(runs):
@@ -169,9 +186,18 @@ def test_figures_of_two_levels_are_never_compared_as_like_for_like(runs, tmp_pat
 
 def test_validate_names_what_keeps_a_file_from_being_a_submission(runs, tmp_path):
     before = runs["before"][0]
-    partial = cli("validate", before)  # -k forced or concurrency: most floors were never measured
-    assert partial.returncode == 1
-    assert "smollm2-cpu: no figure for its natural_decode floor (PERF-NATURAL did not run)" in partial.stdout
+    # -k forced or concurrency: complete for what it selected (PERF-NATURAL's floor was not its to measure)...
+    selected = cli("validate", before)
+    assert selected.returncode == 0, selected.stdout
+    assert "complete for what it selected: -m 'perf' -k 'forced or decode_under_concurrency'" in selected.stdout
+    # ...and not once a figure of a check it ran is missing
+    data = json.loads(before.read_text())
+    data["measurements"] = [m for m in data["measurements"] if m.get("floor_name") != "concurrent_4_decode"]
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps(data))
+    result = cli("validate", partial)
+    assert result.returncode == 1
+    assert "smollm2-cpu: no figure for its concurrent_4_decode floor (PERF-CONCURRENT passed)" in result.stdout
     truncated = tmp_path / "truncated.json"
     truncated.write_text(before.read_text()[:2000])
     result = cli("validate", truncated)

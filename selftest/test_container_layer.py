@@ -9,6 +9,7 @@ module that reads a running box; each broken variant fails exactly the check tha
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -65,47 +66,111 @@ def good(dock):
 
 # ---- the tests, in the order they run ----------------------------------------------------------------------
 
-def test_a_docker_recipe_starts_passes_and_the_production_container_is_restored(pytester, tmp_path, dock):
-    """The launcher path, as the upgrade gate runs it (`--image` names the candidate; the recipe's own image is
-    not on the engine): a running 'production' container of the recipe's name (another config) is set aside, the
-    recipe's container starts on the --image and passes the container checks and a few serving checks, is removed at
-    teardown, and the production container is back up, the same container."""
-    prod = dock.client.containers.run(IMAGE, ["sleep", "infinity"], name=NAME, detach=True, init=True,
-                                      network_mode="none", restart_policy={"Name": "unless-stopped"})
+def _beside_production() -> list[dict]:
+    """Two recipes on production's name and port, as the GB10 recipes share vllm_node and 8000: one serving the model
+    production serves, configured a little differently (a recipe that differs from the live container in one flag),
+    and one serving another model."""
+    like = recipe_data()
+    like["serve_args"][like["serve_args"].index("--max-num-seqs") + 1] = "3"
+    other = recipe_data(name="hid-b")
+    other["serve_args"][other["serve_args"].index("--served-model-name") + 1] = "hid-b-model"
+    other["model"]["served_name"] = "hid-b-model"
+    return [like, other]
+
+
+def _state(c) -> tuple:
+    c.reload()
+    return c.id, c.name, c.status, c.attrs["State"]["StartedAt"], c.attrs["RestartCount"]
+
+
+def test_on_a_box_that_serves_the_default_run_tests_production_in_place_and_the_other_recipe_could_not_run(
+        pytester, tmp_path, dock, good):
+    """The README's serving command on a box whose production serves on the recipes' port: what serves is tested in
+    place (its id, start time and restart count unchanged), the recipe it is not could not run with the downtime it
+    would cost and the option, and no check fails on the healthy box."""
+    before = _state(good)
+    result, failed = dock.run_suite(pytester, tmp_path, _beside_production(), "-m", "serving", "-k", SERVING_SUBSET)
+    out = result.stdout.str()
+    assert failed == [] and result.ret == 0, out[-5000:]
+    assert _state(good) == before
+    outcomes = result.parseoutcomes()
+    assert (outcomes["passed"], outcomes["skipped"]) == (2, 2), outcomes
+    result.stdout.fnmatch_lines([
+        f"*smollm2-docker: container {NAME} ({good.id[:12]}) serves smollm2-135m-instruct on port {PORT}: testing it "
+        "in place as it runs (not stopped, restarted or renamed); it differs from the recipe (serve args: "
+        "--max-num-seqs: recipe '3', running '4'): --take-over serves the recipe exactly instead*",
+        f"*hid-b: could not run: container {NAME} ({good.id[:12]}) serves smollm2-135m-instruct on port {PORT}, not "
+        f"hid-b-model: serving hid-b would take {NAME} down for * plus hid-b's checks (hid-b's start: *; {NAME}'s "
+        "start again: * s, its own last start (its log)). Nothing was stopped (to run it: --take-over)*",
+        "SKIPPED*[[]SERVE-MODELS[]] could not run: hid-b: container*(to run it: --take-over)*",
+    ])
+    assert "setting it aside" not in out
+
+
+def test_with_take_over_the_recipes_run_in_turn_and_production_is_set_aside_once_and_serves_again(
+        pytester, tmp_path, dock, good):
+    """The upgrade gate's path with --take-over, on two recipes beside production (the first on the candidate
+    image, named with --image RECIPE=REF; its own image is not on the engine): production is set aside once, each
+    recipe's container starts only once nothing serves on the port, passes the container checks and a few serving
+    checks and is removed; production is put back after the last and waited on until it answers; the downtime is
+    printed and in the results file. Sampled every half second throughout: never two model containers running."""
+    recipes = _beside_production()
+    recipes[0]["image"] = "sparkgate/vllm-cpu:not-on-the-engine"
+    before = _state(good)
+    running, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            running.append(sorted(c.name for c in dock.client.containers.list()))
+            stop.wait(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    results = tmp_path / "results.json"
+    t0 = time.monotonic()
+    sampler.start()
     try:
-        t0 = time.monotonic()
-        results = tmp_path / "results.json"
-        data = recipe_data()
-        data["image"] = "sparkgate/vllm-cpu:not-on-the-engine"
-        result, failed = dock.run_suite(pytester, tmp_path, data, "-m", "container or serving", "-k", SERVING_SUBSET,
-                                        f"--results-json={results}", f"--image={IMAGE}")
-        took = time.monotonic() - t0
-        out = result.stdout.str()
-        assert failed == [] and result.ret == 0, out[-5000:]
-        outcomes = result.parseoutcomes()
-        assert outcomes["passed"] >= 12, outcomes  # 10 container checks and the serving subset
-        # CONT-CUDAGRAPH (SmolLM2 is no GDN hybrid) and CONT-EAGER (the cpu profile has no graphs to keep)
-        assert outcomes.get("skipped") == 2, outcomes
-        result.stdout.fnmatch_lines([
-            f"*container {NAME} (*, running) differs from the recipe (entrypoint None *; serve args: model: recipe "
-            f"/models/smollm2, running command sleep infinity; *): setting it aside as {NAME}{SAVED_SUFFIX}, "
-            "restored at teardown",
-            "*smollm2-docker: serving smollm2-135m-instruct after*",
-            f"*smollm2-docker: stopped and removed; the recipe's container {NAME} removed; container {NAME} "
-            f"({prod.id[:12]}) restored and started again*",
-        ])
-        # What was serving, for comparing boxes: the image by id, vLLM's startup facts from the container's log.
-        [run] = Results.model_validate_json(results.read_text()).recipes
-        assert run.image == IMAGE and run.image_id.startswith("sha256:")
-        assert (run.server["version"], run.server["kv_tokens"], run.server["kv_cache_basis"]) == ("0.32.0", "46592",
-                                                                                                  "pinned")
-        assert run.server["kv_bytes_per_token"] == "23046" and run.server["graph_mode"] == "eager"
-        prod.reload()
-        assert (prod.name, prod.status) == (NAME, "running")
-        assert NAME + SAVED_SUFFIX not in dock.names()
+        result, failed = dock.run_suite(pytester, tmp_path, recipes, "-m", "container or serving", "-k",
+                                        SERVING_SUBSET, "--take-over", f"--image=smollm2-docker={IMAGE}",
+                                        f"--results-json={results}")
     finally:
-        prod.remove(force=True)
-    print(f"launcher run (start, 10 container checks, 2 serving checks, teardown, restore): {took:.1f} s")
+        stop.set()
+        sampler.join()
+    took = time.monotonic() - t0
+    out = result.stdout.str()
+    assert failed == [] and result.ret == 0, out[-5000:]
+    outcomes = result.parseoutcomes()
+    assert outcomes["passed"] >= 24, outcomes  # 10 container checks and the serving subset, each recipe
+    # CONT-CUDAGRAPH (SmolLM2 is no GDN hybrid) and CONT-EAGER (the cpu profile has no graphs to keep), each recipe
+    assert outcomes.get("skipped") == 4, outcomes
+    assert out.count("setting it aside") == 1, out[-5000:]
+    result.stdout.fnmatch_lines([
+        f"*smollm2-docker: container {NAME} (*, running) differs from the recipe (*serve args: --max-num-seqs: "
+        f"recipe '3', running '4'*): setting it aside as {NAME}{SAVED_SUFFIX} until the run's last recipe is done "
+        "(--take-over)",
+        "*smollm2-docker: serving smollm2-135m-instruct after*",
+        f"*smollm2-docker: stopped and removed; the recipe's container {NAME} removed",
+        "*hid-b: serving hid-b-model after*",
+        f"*hid-b: stopped and removed; the recipe's container {NAME} removed",
+        f"*container {NAME} ({good.id[:12]}) restored and started again",
+        f"*{NAME}: waiting for it to serve smollm2-135m-instruct again*",
+        f"*{NAME} serves smollm2-135m-instruct again (a real answer) after * s down (set aside at *)",
+    ])
+    assert max(len(names) for names in running) == 1, [names for names in running if len(names) > 1]
+    assert running[0] == [NAME] and running[-1] == [NAME], (running[0], running[-1])
+    data = Results.model_validate_json(results.read_text())
+    [down] = data.downtime
+    assert down.container == NAME and down.served == ["smollm2-135m-instruct"] and 0 < down.seconds < took
+    # What was serving, for comparing boxes: the candidate image by id, vLLM's startup facts from the container's log.
+    run = next(r for r in data.recipes if r.recipe == "smollm2-docker")
+    assert run.image == IMAGE and run.image_id.startswith("sha256:")
+    assert (run.server["version"], run.server["kv_tokens"], run.server["kv_cache_basis"]) == ("0.32.0", "46592",
+                                                                                              "pinned")
+    assert run.server["kv_bytes_per_token"] == "23046" and run.server["graph_mode"] == "eager"
+    after = _state(good)
+    assert (after[0], after[1], after[2], after[4]) == (before[0], before[1], "running", before[4])
+    assert NAME + SAVED_SUFFIX not in dock.names()
+    print(f"take-over run (two recipes in turn, 12 checks each, production back): {took:.1f} s; production down "
+          f"{down.seconds:.1f} s; {len(running)} samples, at most one model container running")
 
 
 def test_a_matching_running_container_is_reused_and_left_running(pytester, tmp_path, dock, good):
@@ -119,12 +184,14 @@ def test_a_matching_running_container_is_reused_and_left_running(pytester, tmp_p
 
 def test_a_moving_tag_pulled_again_replaces_the_running_container(pytester, tmp_path, dock, good):
     """The tag now names a newer build (as after `docker pull ...:nightly-aarch64`): the container still runs the
-    old one, so it is set aside, the recipe starts on the new build, and the old container comes back after."""
+    old one, so with --take-over it is set aside, the recipe starts on the new build, and the old container comes
+    back after, serving."""
     old_id = dock.client.images.get(IMAGE).id
     newer = good.commit(repository="sparkgate/vllm-cpu", tag="arm64")  # the tag moves to a new image id
     try:
         assert newer.id != old_id
-        result, failed = dock.run_suite(pytester, tmp_path, recipe_data(), "-m", "container", "-k", "image")
+        result, failed = dock.run_suite(pytester, tmp_path, recipe_data(), "-m", "container", "-k", "image",
+                                        "--take-over")
     finally:
         dock.client.images.get(old_id).tag("sparkgate/vllm-cpu", "arm64")
         dock.client.images.remove(newer.id, force=True)
@@ -132,8 +199,9 @@ def test_a_moving_tag_pulled_again_replaces_the_running_container(pytester, tmp_
     result.stdout.fnmatch_lines([
         f"*container {NAME} (*, running) differs from the recipe (image {IMAGE} at sha256:*, an older build: the "
         "tag names sha256:* now (pulled or rebuilt since the container started)): setting it aside*",
-        f"*stopped and removed; the recipe's container {NAME} removed; container {NAME} ({good.id[:12]}) restored "
-        "and started again*"])
+        f"*stopped and removed; the recipe's container {NAME} removed",
+        f"*container {NAME} ({good.id[:12]}) restored and started again",
+        f"*{NAME} serves smollm2-135m-instruct again (a real answer) after * s down*"])
     good.reload()
     assert good.status == "running" and good.image.id == old_id
 
@@ -263,7 +331,7 @@ def test_what_the_replaced_container_holds_counts_as_free_and_a_refusal_stops_no
         time.sleep(3)
         prod.reload()  # StartedAt is set once it runs
         before = dock.names()
-        result, _ = dock.run_suite(pytester, tmp_path, data, "-m", "container")
+        result, _ = dock.run_suite(pytester, tmp_path, data, "-m", "container", "--take-over")
         assert result.ret != 0
         result.stdout.fnmatch_lines(["*refusing to start smollm2-toobig: it needs 205.8 GiB (weights 200 + KV cache 1 "
                                      "+ overhead 4.75) plus 2 GiB kept for the OS = 207.8 GiB (*), and the host has "

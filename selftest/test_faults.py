@@ -24,7 +24,7 @@ from sparkgate.hostlock import JOURNAL, LOCK_DIR, HostLock
 from sparkgate.launch.container_spec import LABEL, SAVED_SUFFIX
 from sparkgate.results import Results
 
-from .dockhost import IMAGE, VENV, recipe_data, write_recipe
+from .dockhost import IMAGE, PYTHON_HOME, VENV, recipe_data, write_recipe
 from .terminal import Terminal
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs root (network namespaces)")
@@ -58,8 +58,10 @@ def production(dock):
 
 
 def terminal(dock, tmp_path, data, *args) -> Terminal:
+    """A run allowed to take production over (--take-over): every row here is about a run that sets it aside."""
     return Terminal("tests", f"--host={dock.host.name}", f"--ssh-config={dock.host.ssh_config}",
-                    f"--recipes-dir={write_recipe(tmp_path, data)}", f"--recipe={data['name']}", "-rA", *args)
+                    f"--recipes-dir={write_recipe(tmp_path, data)}", f"--recipe={data['name']}", "-rA", "--take-over",
+                    *args)
 
 
 def our_processes(dock=None) -> list[str]:
@@ -188,7 +190,9 @@ def test_a_recipe_too_big_is_refused_without_stopping_production(dock, productio
     assert_no_secret(out)
 
 
-def test_a_port_held_by_another_server_is_refused_without_stopping_production(dock, production, tmp_path):
+def test_a_port_held_by_a_process_could_not_run_and_nothing_is_stopped(dock, production, tmp_path):
+    """Even with --take-over: the suite never stops what it did not start, and a process is no container it can set
+    aside and put back. Its recipe could not run (exit 5: nothing ran), and production was never touched."""
     port = 18121
     other = dock.host.run(f"{VENV}/bin/python -m http.server {port} --bind 0.0.0.0 >/dev/null 2>&1 & echo $!")
     try:
@@ -201,9 +205,9 @@ def test_a_port_held_by_another_server_is_refused_without_stopping_production(do
     finally:
         dock.host.run(f"kill {other.stdout.strip()}")
     out = run.output
-    assert rc == 1, out[-3000:]
-    assert f"port {port} already answers on {dock.host.address}" in out and "Nothing was stopped or started" in out, \
-        out[-3000:]
+    assert rc == pytest.ExitCode.NO_TESTS_COLLECTED, out[-3000:]
+    assert (f"could not run: sg-forever: port {port} on {dock.host.address} is served by a process, not a container"
+            in out and "Nothing was stopped or started" in out), out[-3000:]
     c = dock.client.containers.get(PROD)
     assert c.attrs["State"]["StartedAt"] == production.attrs["State"]["StartedAt"], "production was restarted"
     assert wait_no_leftovers(dock) == []
@@ -219,6 +223,58 @@ def test_a_start_that_fails_after_create_removes_what_it_created(dock, productio
     assert re.search(rf"container {PROD} \(\w+\) restored and started again", out), out[-3000:]
     assert_production_is_back(dock, production)
     assert wait_no_leftovers(dock) == []
+
+
+# A production that serves a model list on its port the first time it runs, and never again (its marker file
+# outlives a stop): what a restart that does not come back looks like from outside.
+SERVES_ONCE = """
+import http.server, json, os, time
+if os.path.exists("/tmp/served-once"):
+    time.sleep(3600)
+open("/tmp/served-once", "w").close()
+class Models(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"object": "list", "data": [{"id": "prod-model", "object": "model"}]}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer(("0.0.0.0", PORT), Models).serve_forever()
+"""
+
+
+def test_production_that_does_not_serve_again_is_one_failure_with_the_commands(dock, tmp_path):
+    """--take-over set production aside; the recipe could not start; production, put back and started, does not
+    serve again within its wait: one failure naming it, what was waited for, and the commands to bring it back."""
+    port = 18123
+    prod = dock.client.containers.run(IMAGE, [f"{VENV}/bin/python", "-c", SERVES_ONCE.replace("PORT", str(port))],
+                                      name=PROD, detach=True, init=True, network_mode="host",
+                                      restart_policy={"Name": "unless-stopped"},
+                                      volumes={str(VENV): {"bind": str(VENV), "mode": "ro"},
+                                               str(PYTHON_HOME): {"bind": str(PYTHON_HOME), "mode": "ro"}})
+    try:
+        deadline = time.monotonic() + 30
+        while dock.host.run(f"{VENV}/bin/python -c 'import urllib.request; urllib.request.urlopen("
+                            f"\"http://127.0.0.1:{port}/v1/models\", timeout=1)'").returncode:
+            assert time.monotonic() < deadline, prod.logs().decode()
+            time.sleep(0.3)
+        # Its log says nothing of its start: the wait is --startup-timeout.
+        run = terminal(dock, tmp_path, loads_forever(port, gpus="all"), "-m", "container", "--startup-timeout=8")
+        rc = run.finish()
+        out = run.output
+        assert rc == 1, out[-3000:]
+        assert "container sg-prod (" in out and "restored and started again" in out, out[-3000:]
+        for words in ["PRODUCTION IS NOT SERVING: sg-prod did not serve prod-model again within 8 s",
+                      f"expected: sg-prod serving prod-model on port {port} within 8 s of its restore "
+                      "(--startup-timeout)",
+                      "fix:      docker logs --tail 50 sg-prod; docker restart sg-prod; then curl "
+                      f"http://{dock.host.address}:{port}/v1/models"]:
+            assert words in out, (words, out[-3000:])
+        prod.reload()
+        assert (prod.name, prod.status) == (PROD, "running")
+        assert wait_no_leftovers(dock) == []
+    finally:
+        prod.remove(force=True)
 
 
 # ---- one run per host ------------------------------------------------------------------------------------

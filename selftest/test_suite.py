@@ -13,6 +13,7 @@ import sys
 
 import jsonschema
 import pytest
+import yaml
 
 from sparkgate.recipes import load_recipes
 from sparkgate.results import Results
@@ -220,12 +221,25 @@ def test_the_long_shapes_and_the_whole_capacity_sweep_pass_at_the_extended_level
     assert long.n == 3 and long.shape.prompt_tokens >= 2000 and long.shape.cache == "defeated"
 
 
-def test_a_port_already_serving_is_never_started_over(pytester, tmp_path, embedded_server):
-    result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu",
-                       f"--recipes-dir={embedded_recipe_dir(tmp_path / 'recipes')}")
-    one_error_and_the_rest_skipped(result)
-    result.stdout.fnmatch_lines([f"*port {EMBEDDED_PORT} already answers on this host*--base-url "
-                                 f"http://127.0.0.1:{EMBEDDED_PORT}*"])
+def test_a_port_already_serving_is_tested_in_place_or_left_be_never_started_over(pytester, tmp_path, embedded_server):
+    """The embedded default's port already serves its model: tested in place, nothing started. Serving another
+    model: the recipe could not run (exit 5), and nothing is started or stopped."""
+    recipes = embedded_recipe_dir(tmp_path / "recipes")
+    result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu", f"--recipes-dir={recipes}", "-k",
+                       "served_name_is_listed")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([f"*smollm2-cpu: a server on port {EMBEDDED_PORT} serves smollm2-135m-instruct: "
+                                 "testing it in place as it runs (not started or stopped by the suite)*"])
+    data = yaml.safe_load((recipes / "smollm2-cpu.yaml").read_text())
+    data["model"]["served_name"] = "another-model"
+    (recipes / "smollm2-cpu.yaml").write_text(yaml.safe_dump(data))
+    result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu", f"--recipes-dir={recipes}", "-k",
+                       "served_name_is_listed or chat_completion")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([f"SKIPPED*[[]SERVE-MODELS[]] could not run: smollm2-cpu: port {EMBEDDED_PORT} already "
+                                 "answers on this host (serving smollm2-135m-instruct, not another-model)*--base-url "
+                                 f"http://127.0.0.1:{EMBEDDED_PORT} --recipe NAME*"])
+    assert "starting" not in result.stdout.str()
 
 
 # ---- options and collection -----------------------------------------------------------------------------

@@ -9,8 +9,7 @@
     lifecycle         serving(): refuse, start, wait, and always restore
 """
 
-from .base import Server, StartError
-from .docker_launcher import NeedsTakeOver, Occupied
+from .base import NeedsTakeOver, Occupied, Server, StartError
 from .lifecycle import serving
 
 __all__ = ["NeedsTakeOver", "Occupied", "Server", "StartError", "serving"]

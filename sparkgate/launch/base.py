@@ -22,6 +22,15 @@ class StartError(Exception):
     """A recipe that could not be brought to serving: refused, crashed or timed out. Says why."""
 
 
+class Occupied(StartError):
+    """The recipe could only be served with what serves on its port taken down: it could not run (never a failure
+    of the box). Says what serves there."""
+
+
+class NeedsTakeOver(Occupied):
+    """Occupied by a container the run may set aside with --take-over. Says what the downtime would be."""
+
+
 @dataclass
 class Server:
     """A running OpenAI-compatible server, as tests see it."""

@@ -30,7 +30,7 @@ from typing import Any
 from ..hostlock import Journal
 from ..recipes import Recipe
 from ..vllmlog import parse as parse_log
-from .base import Progress, Server, StartError, served_names, wait_ready
+from .base import NeedsTakeOver, Occupied, Progress, Server, StartError, served_names, wait_ready
 from .container_spec import (
     LABEL,
     SAVED_SUFFIX,
@@ -44,15 +44,6 @@ from .container_spec import (
 from .docker_engine import DockerEngine
 
 RETRIES = 5  # per undo step, reconnecting between attempts
-
-
-class Occupied(StartError):
-    """The recipe could only be served with what serves on its port taken down: it could not run (never a failure
-    of the box). Says what serves there."""
-
-
-class NeedsTakeOver(Occupied):
-    """Occupied by a container the run may set aside with --take-over. Says what the downtime would be."""
 
 
 class Refused(StartError):

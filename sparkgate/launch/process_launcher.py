@@ -18,7 +18,7 @@ import sys
 from ..proc import cache_dir, die_with_parent
 from ..recipes import Recipe
 from ..redact import mask
-from .base import Progress, Server, StartError, log_tail, wait_ready
+from .base import Occupied, Progress, Server, log_tail, served_names, wait_ready
 
 
 def port_in_use(port: int) -> bool:
@@ -60,11 +60,19 @@ class ProcessLauncher:
 
     def start(self, progress: Progress, timeout_s: float) -> Server:
         r = self.recipe
-        if port_in_use(r.port):
-            raise StartError(
-                f"port {r.port} already answers on this host: something else is serving there. Test it with "
-                f"--base-url http://127.0.0.1:{r.port} --recipe {r.name}, or stop it first."
-            )
+        if port_in_use(r.port):  # what serves there is tested in place when it is the recipe's model, else left be
+            here = f"http://127.0.0.1:{r.port}"
+            names = served_names(here, r.args.api_key)
+            if names and r.model.served_name in names:
+                progress(f"{r.name}: a server on port {r.port} serves {r.model.served_name}: testing it in place as it "
+                         "runs (not started or stopped by the suite)")
+                return Server(base_url=here, served_name=r.model.served_name, recipe=r, started=False,
+                              api_key=r.args.api_key)
+            what = ", ".join(names or []) or "no model list"
+            raise Occupied(f"port {r.port} already answers on this host (serving {what}, not "
+                           f"{r.model.served_name}): something else is serving there, and the suite never "
+                           f"stops what it did not start. Test it with --base-url {here} --recipe NAME, or stop it "
+                           "first")
         cmd = self.command(prepare=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         progress(f"{r.name}: starting {shlex.join(cmd[1:4])} ... (log: {self.log_path})")
