@@ -7,6 +7,7 @@ suite turns each malformed answer into one clear failure of the running check, n
     badsse   /v1/models is fine; a streamed chat completion carries events that are not JSON
     trickle  /v1/models is fine; a chat completion comes one byte a second, for minutes
     key      /v1/* answers 401 without `Authorization: Bearer sparkgate-test-key` (vLLM's --api-key), then as list
+    markup   /v1/models is fine; /version carries markup that runs script if a page renders it as HTML
 
     python -m selftest.misbehaving_server PORT
 """
@@ -20,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODEL = "smollm2-135m-instruct"
 KEY = "sparkgate-test-key"
+MARKUP = "<img src=x onerror=\"document.title='pwned'\">0.32.0"
 PAGE = b"<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1>nginx</body></html>"
 
 
@@ -46,6 +48,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, PAGE, "text/html")
         if way == "key" and self.headers.get("authorization") != f"Bearer {KEY}" and path.startswith("/v1"):
             return self._send(401, json.dumps({"error": "Unauthorized"}).encode())
+        if way == "markup" and path == "/version":
+            return self._send(200, json.dumps({"version": MARKUP}).encode())
         if path == "/v1/models":
             return self._send(200, json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode())
         return self._send(404, json.dumps({"detail": "Not Found"}).encode())

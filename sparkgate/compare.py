@@ -76,7 +76,9 @@ class Comparison:
 
     @property
     def regressed(self) -> bool:
-        return bool(self.regressions or self.new_failures)
+        """A figure significantly worse, a check newly failing, or a figure the candidate did not measure (what it
+        left out is not what it passed)."""
+        return bool(self.regressions or self.new_failures or self.missing)
 
 
 def p_worse(base: list[float], cand: list[float], higher_is_better: bool) -> float | None:
@@ -163,9 +165,10 @@ def report(comparison: Comparison, tolerance_pct: float = TOLERANCE_PCT, alpha: 
     if comparison.regressed:
         lines.append(f"REGRESSED: {len(comparison.regressions)} figure(s) slower by more than {tolerance_pct:g}% "
                      f"beyond the noise (Welch's t-test, p < {alpha:g}), {len(comparison.new_failures)} check(s) "
-                     "newly failing")
+                     f"newly failing, {len(comparison.missing)} figure(s) of the baseline not measured")
         lines += [f"  {f.describe()}" for f in comparison.regressions]
         lines += [f"  newly failing: {f}" for f in comparison.new_failures]
+        lines += [f"  not measured: {m}" for m in comparison.missing]
     else:
         lines.append(f"no regression: no figure slower by more than {tolerance_pct:g}% beyond the noise "
                      f"(p < {alpha:g}), no check newly failing")

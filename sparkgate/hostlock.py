@@ -7,9 +7,11 @@ the run ends, however it ends (even SIGKILL), that session closes and the kernel
 run is refused with who holds it. A holder record left by a run that died is reported and taken over.
 
 The journal: before the docker launcher changes anything on the box (sets a production container aside, creates
-its own), it writes down what it is about to do, on the host (`/tmp/sparkgate-lock/journal.json`). Teardown
+its own), it writes down what it is about to do, on the host (`~/.cache/sparkgate-lock/journal.json`). Teardown
 undoes it and clears it. If a run dies before that, the next run (from any machine) finds the journal and
-restores the box before doing anything else.
+restores the box before doing anything else. Both live in the run's user's own folder on the target
+(`~/.cache/sparkgate-lock`, mode 0700, refused when it is a link or anyone else's), and the journal is validated
+as a schema on read: another user on the box can neither plant one nor steer the cleanup.
 """
 
 from __future__ import annotations
@@ -25,23 +27,35 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from .proc import die_with_parent
 from .redact import mask
 from .target import is_local, ssh_argv
 
-LOCK_DIR = "/tmp/sparkgate-lock"
+# The run's user's own folder on the target (mode 0700): nobody else can plant a journal there or steer the cleanup.
+# A shell word: "$HOME" expands on the target, quoted against spaces.
+LOCK_SUBPATH = ".cache/sparkgate-lock"
+LOCK_DIR = f'"$HOME"/{LOCK_SUBPATH}'
 JOURNAL = f"{LOCK_DIR}/journal.json"
+OLD_JOURNAL = "/tmp/sparkgate-lock/journal.json"  # where earlier versions kept it, in a folder anyone could write
 
 _HOLD = r"""
-d=%(dir)s
-[ -d "$d" ] || { mkdir -p "$d" && chmod 1777 "$d"; } 2>/dev/null
+d="$HOME"/%(sub)s
+[ -L "$d" ] && { echo "UNSAFE $d is a symbolic link"; exit 0; }
+[ -e "$d" ] || { mkdir -p "$(dirname "$d")" && mkdir -m 700 "$d"; } 2>/dev/null
+[ -d "$d" ] || { echo "NODIR $d"; exit 0; }
+owner=$(stat -c %%u "$d") mode=$(stat -c %%a "$d")
+[ "$owner" = "$(id -u)" ] || { echo "UNSAFE $d is owned by uid $owner, not by this user (uid $(id -u))"; exit 0; }
+[ "$mode" = 700 ] || { echo "UNSAFE $d has mode $mode, not 700: other users can write into it"; exit 0; }
 command -v flock >/dev/null 2>&1 || { echo NOFLOCK; exit 0; }
 exec 9<"$d" || { echo "NODIR $d"; exit 0; }
 flock -n 9 || { echo BUSY; cat "$d"/holder-* 2>/dev/null; exit 0; }
-for f in "$d"/holder-*; do [ -e "$f" ] && { printf 'STALE '; cat "$f"; rm -f "$f"; }; done
-printf '%%s\n' "$1" > "$d/holder-$(id -u)"
+for f in "$d"/holder-*; do [ -f "$f" ] && [ ! -L "$f" ] && { printf 'STALE '; cat "$f"; rm -f "$f"; }; done
+printf '%%s
+' "$1" > "$d/holder-$(id -u)"
 echo LOCKED
 cat >/dev/null
 rm -f "$d/holder-$(id -u)"
@@ -73,14 +87,14 @@ class HostLock:
         holder = json.dumps({"user": getpass.getuser(), "client": socket.gethostname(), "pid": os.getpid(),
                              "started": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
                              "command": mask(shlex.join(sys.argv))[:300]})
-        script = _HOLD % {"dir": shlex.quote(LOCK_DIR)}
+        script = _HOLD % {"sub": LOCK_SUBPATH}
         remote = f"sh -c {shlex.quote(script)} sparkgate-lock {shlex.quote(holder)}"
         argv = ["sh", "-c", script, "sparkgate-lock", holder] if is_local(self.target) else [
             *ssh_argv(self.target, self.ssh_config, self.identity_file), remote]
         # Its own session: the terminal's Ctrl-C must not drop the lock while teardown still works on the box.
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True, preexec_fn=die_with_parent)
-        lines = self._read_until(("LOCKED", "BUSY", "NOFLOCK", "NODIR"), timeout_s)
+        lines = self._read_until(("LOCKED", "BUSY", "NOFLOCK", "NODIR", "UNSAFE"), timeout_s)
         head = lines[-1] if lines else ""
         if head == "LOCKED":
             self.stale = [holder_text(line[6:]) for line in lines if line.startswith("STALE ")]
@@ -92,6 +106,11 @@ class HostLock:
             raise LockError(f"{self.target} is in use by another sparkgate run: held by {who}. One run per host: "
                             "two at once would both pass the memory pre-flight on the same free memory. Wait for "
                             "it to finish (or stop it: its teardown restores the box)")
+        if head.startswith("UNSAFE"):
+            raise LockError(f"the run lock folder on {self.target} is not safe to use: {head[7:]}. It holds the run "
+                            "journal, which the next run acts on (it removes and renames containers from it): only "
+                            "the user who runs the suite may write there. Nothing was touched. Look at what is in it "
+                            "and who made it, remove it (the suite makes it itself, mode 0700), and run again")
         if head.startswith(("NOFLOCK", "NODIR")):
             self.warning = (f"{self.target} has no flock (util-linux)" if head == "NOFLOCK" else
                             f"{head[6:]} cannot be opened on {self.target}") + ": runs there are not serialised"
@@ -150,6 +169,40 @@ class HostLock:
         self.proc = None
 
 
+class JournalError(Exception):
+    """The run journal on the host cannot be trusted or read; the message names it and says what to do."""
+
+
+# What a journal entry may hold: exactly what the docker launcher writes, nothing a shell or the engine could
+# misread (container names as docker allows them, ids as docker makes them).
+_NAME = r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$"
+_ID = r"^[0-9a-f]{64}$"
+
+
+class _Create(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["create"]
+    name: str = Field(pattern=_NAME)
+    run: str = Field(pattern=r"^[0-9a-f]{12}$")
+    id: str | None = Field(None, pattern=_ID)
+
+
+class _SetAside(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["set-aside"]
+    name: str = Field(pattern=_NAME)
+    id: str = Field(pattern=_ID)
+    running: bool
+    recipe: str = Field("", pattern=r"^[a-zA-Z0-9_.-]*$")
+    served: list[str] = []
+    port: int = Field(8000, ge=1, le=65535)
+    load_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+    down_at: float = Field(0, ge=0, allow_inf_nan=False)
+
+
+_ENTRIES = TypeAdapter(list[Annotated[_Create | _SetAside, Field(discriminator="kind")]])
+
+
 class Journal:
     """What this run is about to change on the box (or changed), on the host, so that it can be undone by this
     run's teardown or, if this run dies, by the next one. Entries are plain dicts with a `kind`."""
@@ -159,15 +212,20 @@ class Journal:
         self.entries: list[dict[str, Any]] = []
 
     def load(self) -> list[dict[str, Any]]:
-        """What a previous run left (it died before undoing it); [] when it left nothing."""
+        """What a previous run left (it died before undoing it); [] when it left nothing. A journal this suite did not
+        write (it fails the entry schema) is an error that names it, and it stays where it is for the operator."""
         res = self.host.run(f"cat {JOURNAL} 2>/dev/null")
         if res.rc != 0 or not res.stdout.strip():
             return []
         try:
-            entries = json.loads(res.stdout)
-        except ValueError:
-            return []
-        return entries if isinstance(entries, list) else []
+            return [e.model_dump() for e in _ENTRIES.validate_json(res.stdout)]
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise JournalError(f"the run journal {JOURNAL} on the host is not one this suite wrote ({where}: "
+                               f"{first['msg']}); nothing was touched and it is left as it is. Read it: if a run "
+                               "set a container aside (NAME.sparkgate-saved), put it back by hand, then remove the "
+                               "journal") from None
 
     def record(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Write down an intent before acting on it; raises if it cannot be written (then nothing is done)."""
@@ -190,7 +248,7 @@ class Journal:
             self.clear()
             return
         blob = base64.b64encode(json.dumps(self.entries).encode()).decode()
-        res = self.host.run(f"mkdir -p {LOCK_DIR} && printf %s {blob} | base64 -d > {JOURNAL}.tmp && "
+        res = self.host.run(f"mkdir -p -m 700 {LOCK_DIR} && printf %s {blob} | base64 -d > {JOURNAL}.tmp && "
                             f"mv -f {JOURNAL}.tmp {JOURNAL}")
         if res.rc != 0:
             raise OSError(f"cannot write the run journal {JOURNAL} on the host: {(res.stderr or res.stdout).strip()}")

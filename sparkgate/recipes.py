@@ -157,7 +157,9 @@ class Floor(_Strict):
 
 
 class Recipe(_Strict):
-    name: str
+    # A name becomes a test id, a file name and a journal field: letters, digits, '.', '_' and '-' only.
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+                      description="letters, digits, '.', '_', '-' (it becomes a test id, shown in the report)")
     description: str
     profile: str
     model: Model

@@ -85,11 +85,12 @@ class Reporting:
         """The environment table (pytest-metadata's, which pytest-html renders at the end) and the Markdown summary."""
         if self.run is None:
             return
+        masked = {k: mask(v) for k, v in self.run.environment.items()}  # masked first, then escaped: never after
         meta = self._metadata()
-        if meta is not None:
-            meta.update({k: mask(v) for k, v in self.run.environment.items()})
+        if meta is not None:  # pytest-html renders the values as HTML: what a server or recipe says is only text
+            meta.update({k: html.escape(v) for k, v in masked.items()})
         if path := self.config.option.sg_summary_md:
-            env = {k: str(v) for k, v in (meta or {}).items()}
+            env = {**{k: str(v) for k, v in (meta or {}).items() if k not in masked}, **masked}
             Path(path).write_text(mask(summary_markdown(self.run.outcomes, self.run.measured, env)))
 
     def _metadata(self) -> dict[str, Any] | None:

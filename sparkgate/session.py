@@ -20,7 +20,7 @@ from . import __version__, commit, redact
 from .checks import Check
 from .compare import ALPHA, compare_figure, key
 from .hostfacts import HostFacts, gather, gpu_mib_of_container, matching_profile
-from .hostlock import HostLock, Journal, LockError
+from .hostlock import OLD_JOURNAL, HostLock, Journal, JournalError, LockError
 from .launch import Server, StartError
 from .launch.base import wait_ready
 from .launch.container_spec import HostPaths
@@ -181,7 +181,15 @@ class RunSession:
             self.say(f"WARNING: {self.lock.warning}")
         for stale in self.lock.stale:
             self.say(f"WARNING: took over the run lock of {self.target} from a run that died: held by {stale}")
-        left = self.journal.load()
+        try:
+            left = self.journal.load()
+        except JournalError as exc:
+            self.release()
+            raise pytest.UsageError(mask(str(exc))) from None
+        if self.host.run(f"test -s {OLD_JOURNAL}").rc == 0:
+            self.say(f"WARNING: {OLD_JOURNAL} on {self.target} is a journal of an earlier sparkgate (in a folder every "
+                     "user could write): it is not acted on. Read it: if it says a container was set aside "
+                     "(NAME.sparkgate-saved), put it back by hand; then remove it")
         if left:
             self.say(f"an earlier run on {self.target} died before putting the box back; restoring it first")
             try:

@@ -20,6 +20,7 @@ Never pulls unless asked.
 
 from __future__ import annotations
 
+import shlex
 import socket
 import time
 import uuid
@@ -178,16 +179,21 @@ class DockerLauncher:
         what = (f"serves {', '.join(serves) or 'something that is no model list'} on port {self.port}, not "
                 f"{r.model.served_name}" if serves is not None else
                 f"runs ({holder.status}) under the recipe's container name and differs from the recipe")
+        return f"container {holder.name} ({holder.id[:12]}) {what}: {self._cost(holder)}. Nothing was stopped"
+
+    def _cost(self, holder: Any) -> str:
+        """How long serving this recipe keeps `holder` down: this recipe's start (as last measured here, else its
+        weights) and the holder's own start again (from its log)."""
+        r = self.recipe
         own = startup_seconds(holder)
         last = self.last_start(r.name)
         theirs = (f"{last:.0f} s when this suite last brought it up here" if last is not None else
-                  f"not measured here yet: {r.model.disk_gib:g} GiB of weights to load, then graph capture: several "
-                  "minutes on a Spark")
+                  f"not measured here yet: {r.model.disk_gib:g} GiB of weights to load, then graph capture (on a "
+                  "Spark, minutes)")
         back = f"{own:.0f} s, its own last start (its log)" if own is not None else "unknown (its log does not say)"
-        total = (f"about {(last + own) / 60:.1f} min" if last is not None and own is not None else "several minutes")
-        return (f"container {holder.name} ({holder.id[:12]}) {what}: serving {r.name} would take {holder.name} down "
-                f"for {total} plus {r.name}'s checks ({r.name}'s start: {theirs}; {holder.name}'s start again: "
-                f"{back}). Nothing was stopped")
+        total = f"about {(last + own) / 60:.1f} min" if last is not None and own is not None else "several minutes"
+        return (f"serving {r.name} would take {holder.name} down for {total} plus {r.name}'s checks ({r.name}'s "
+                f"start: {theirs}; {holder.name}'s start again: {back})")
 
     def _port_answers(self) -> bool:
         with socket.socket() as s:
@@ -274,7 +280,7 @@ class DockerLauncher:
         running = existing.status in ("running", "restarting")  # a crash-looping one goes back to looping
         progress(f"{self.recipe.name}: container {name} ({existing.id[:12]}, {existing.status}) differs from the "
                  f"recipe ({'; '.join(drift)}): setting it aside as {name}{SAVED_SUFFIX} until the run's last recipe "
-                 "is done (--take-over)")
+                 f"is done (--take-over): {self._cost(existing)}")
         # Intent first: if the run dies between these steps, undo() finds it by id and puts it back as it was. What
         # it served, on which port, and its own start time: the run waits for it to serve again, as long as that.
         self.journal.record("set-aside", name=name, id=existing.id, running=running, recipe=self.recipe.name,
@@ -409,9 +415,11 @@ def _may_hold_port(container: Any, port: int) -> bool:
 
 
 def restore_commands(name: str, ours_holds_name: bool = True, was_running: bool = True) -> str:
-    """The commands that put a set-aside container back, for an operator to paste when the suite cannot."""
-    cmds = ([f"docker rm -f {name}"] if ours_holds_name else []) + [f"docker rename {name}{SAVED_SUFFIX} {name}"]
-    return "; ".join(cmds + ([f"docker start {name}"] if was_running else []))
+    """The commands that put a set-aside container back, for an operator to paste when the suite cannot (every
+    name shell-quoted: whatever a name holds, it stays one word)."""
+    q, saved = shlex.quote(name), shlex.quote(name + SAVED_SUFFIX)
+    cmds = ([f"docker rm -f {q}"] if ours_holds_name else []) + [f"docker rename {saved} {q}"]
+    return "; ".join(cmds + ([f"docker start {q}"] if was_running else []))
 
 
 def undo(engine: DockerEngine, entries: list[dict[str, Any]], progress: Progress,
@@ -422,8 +430,8 @@ def undo(engine: DockerEngine, entries: list[dict[str, Any]], progress: Progress
     done: list[str] = []
     for entry in reversed(entries):
         if entry["kind"] == "create":
-            _retry(engine, progress, lambda client, e=entry: _remove_ours(client, e), f"removing {entry['name']}")
-            done.append(f"the recipe's container {entry['name']} removed")
+            done.append(_retry(engine, progress, lambda client, e=entry: _remove_ours(client, e),
+                               f"removing {entry['name']}"))
         elif entry["kind"] == "set-aside":
             what = _retry(engine, progress, lambda client, e=entry: _put_back(client, e), f"restoring {entry['name']}",
                           give_up=restore_commands(entry["name"], was_running=entry["running"]))
@@ -465,16 +473,25 @@ def _retry(engine: DockerEngine, progress: Progress, step: Callable[[Any], Any],
                      f"the host for the next run to finish it" + (f". By hand: {give_up}" if give_up else ""))
 
 
-def _remove_ours(client: Any, entry: dict[str, Any]) -> None:
+def _remove_ours(client: Any, entry: dict[str, Any]) -> str:
+    """Remove the container a `create` entry recorded: only one that carries this run's label, found by id or name
+    (a journal can name anything; what the suite created says so itself). Says what it did."""
     import docker.errors
 
-    for ref in filter(None, (entry.get("id"), entry["name"])):
+    name, found = entry["name"], []
+    for ref in filter(None, (entry.get("id"), name)):
         try:
-            c = client.containers.get(ref)
+            found.append(client.containers.get(ref))
         except docker.errors.NotFound:
             continue
-        if ref == entry.get("id") or (c.labels or {}).get(f"{LABEL}.run") == entry.get("run"):
-            c.remove(force=True)
+    ours = [c for c in found if (c.labels or {}).get(f"{LABEL}.run") == entry["run"]]
+    for c in ours:
+        c.remove(force=True)
+    if ours:
+        return f"the recipe's container {name} removed"
+    if found:
+        return f"{found[0].name} left as it is: it does not carry run {entry['run']}'s label (not the suite's)"
+    return f"the recipe's container {name} already gone"
 
 
 def _put_back(client: Any, entry: dict[str, Any]) -> str:
