@@ -92,8 +92,8 @@ def test_a_candidate_that_measured_less_than_the_baseline_fails_the_gate_naming_
     assert "  smollm2-cpu [PERF-CONCURRENT] decode per request at 4 concurrent" in gate, gate
     assert "1 check(s) that passed in the baseline and neither passed nor failed here:\n  smollm2-cpu " \
            "[PERF-CONCURRENT]" in gate, gate
-    assert ("the selections differ: the baseline ran -m 'perf' -k 'forced or decode_under_concurrency', this run "
-            "-m 'perf' -k 'forced'") in gate, gate
+    assert ("the selections differ: the baseline ran -m 'perf' -k 'forced or decode_under_concurrency' --recipe "
+            "smollm2-cpu, this run -m 'perf' -k 'forced' --recipe smollm2-cpu") in gate, gate
     compared = cli("compare", "--tolerance", TOLERANCE, runs["before"][0], runs["narrower"][0])
     assert compared.returncode == 1, compared.stdout
     assert "  not measured: smollm2-cpu [PERF-CONCURRENT] decode per request at 4 concurrent" in compared.stdout

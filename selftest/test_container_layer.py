@@ -105,6 +105,14 @@ def test_on_a_box_that_serves_the_default_run_tests_production_in_place_and_the_
         "SKIPPED*[[]SERVE-MODELS[]] could not run: hid-b: container*(to run it: --take-over)*",
     ])
     assert "setting it aside" not in out
+    # The gate's candidate image is not what runs: production is never measured as the candidate.
+    result, failed = dock.run_suite(pytester, tmp_path, _beside_production()[:1], "-m", "serving", "-k",
+                                    "served_name_is_listed", f"--image=smollm2-docker={IMAGE_AMD64}")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([f"*[[]SERVE-MODELS[]] could not run: smollm2-docker: container {NAME} (*) serves "
+                                 f"smollm2-135m-instruct on port {PORT}, not on the recipe's image (image {IMAGE} "
+                                 f"(recipe {IMAGE_AMD64})): *(to run it: --take-over)*"])
+    assert _state(good) == before
 
 
 def test_with_take_over_the_recipes_run_in_turn_and_production_is_set_aside_once_and_serves_again(

@@ -308,7 +308,7 @@ UNSAFE_FOLDERS = {
     "a symbolic link": (f"mkdir -p /tmp/elsewhere /root/.cache && ln -s /tmp/elsewhere {HOST_LOCK_DIR}",
                         f"{HOST_LOCK_DIR} is a symbolic link"),
     "writable by everyone": (f"mkdir -p {HOST_LOCK_DIR} && chmod 1777 {HOST_LOCK_DIR}",
-                             f"{HOST_LOCK_DIR} has mode 1777, not 700: other users can write into it"),
+                             f"{HOST_LOCK_DIR} is drwxrwxrwt: other users can write into it"),
 }
 
 

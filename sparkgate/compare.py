@@ -180,6 +180,4 @@ def report(comparison: Comparison, tolerance_pct: float = TOLERANCE_PCT, alpha: 
         p = f"{f.p_value:.2g}" if f.p_value is not None else "-"
         lines.append(f"{(f.recipe + ' [' + f.check + '] ' + f.name)[:70]:70} {b:>22} {c:>22} {f.change:>+8.1%} "
                      f"{p:>8}  {f.verdict}")
-    for m in comparison.missing:
-        lines.append(f"{m[:70]:70} only in the baseline")
     return "\n".join(lines) + "\n"

@@ -47,9 +47,10 @@ d="$HOME"/%(sub)s
 [ -L "$d" ] && { echo "UNSAFE $d is a symbolic link"; exit 0; }
 [ -e "$d" ] || { mkdir -p "$(dirname "$d")" && mkdir -m 700 "$d"; } 2>/dev/null
 [ -d "$d" ] || { echo "NODIR $d"; exit 0; }
-owner=$(stat -c %%u "$d") mode=$(stat -c %%a "$d")
-[ "$owner" = "$(id -u)" ] || { echo "UNSAFE $d is owned by uid $owner, not by this user (uid $(id -u))"; exit 0; }
-[ "$mode" = 700 ] || { echo "UNSAFE $d has mode $mode, not 700: other users can write into it"; exit 0; }
+[ -O "$d" ] || { echo "UNSAFE $d is owned by uid $(ls -ldn "$d" | awk '{print $3}'), not by this user" \
+  "(uid $(id -u))"; exit 0; }
+[ -z "$(find "$d" -maxdepth 0 -perm /022)" ] || {
+  echo "UNSAFE $d is $(ls -ld "$d" | cut -c1-10): other users can write into it"; exit 0; }
 command -v flock >/dev/null 2>&1 || { echo NOFLOCK; exit 0; }
 exec 9<"$d" || { echo "NODIR $d"; exit 0; }
 flock -n 9 || { echo BUSY; cat "$d"/holder-* 2>/dev/null; exit 0; }

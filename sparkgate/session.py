@@ -218,9 +218,22 @@ class RunSession:
             for done in undo(self.docker, entries, self.say):
                 self.say(f"  {done}")
             self._journal.clear()
-            for e in entries:
-                if e["kind"] == "set-aside" and e.get("running"):
+        for e in entries:  # it is back and started; the wait only proves it serves, and Ctrl-C may cut it short
+            if e["kind"] == "set-aside" and e.get("running"):
+                if self._exists(e["id"]):
                     self._wait_back(e)
+                else:
+                    self.results.add_downtime(Downtime(container=e["name"], served=e.get("served") or [],
+                                                       outcome="removed by someone else while set aside"))
+
+    def _exists(self, container_id: str) -> bool:
+        import docker.errors
+
+        try:
+            self.docker.client.containers.get(container_id)
+            return True
+        except docker.errors.NotFound:
+            return False
 
     def _wait_back(self, e: dict[str, Any]) -> None:
         name, served, load_s = e["name"], e.get("served") or [], e.get("load_s")
@@ -228,7 +241,7 @@ class RunSession:
         rule = f"twice its own last start, {load_s:.0f} s, plus a minute" if load_s else "--startup-timeout"
         url = f"http://{self.docker.address}:{e['port']}"
         recipe = self.recipes.get(e.get("recipe", ""))
-        key = self.api_key or (recipe.args.api_key if recipe else None)
+        key = recipe.args.api_key if recipe else None  # the key the plan found it serving with
         outcome, seconds = f"{name} back under its name and started; it served nothing on port {e['port']} before", None
         try:
             if served:
@@ -237,7 +250,7 @@ class RunSession:
                 answer_once(url, served[0], key)
                 seconds = time.time() - e["down_at"]
                 outcome = f"{name} serves {served[0]} again (a real answer) after {seconds:.0f} s down"
-        except (StartError, httpx.HTTPError, ValueError, KeyError) as exc:
+        except (StartError, httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             outcome = f"{name} did not serve {served[0]} again within {budget:.0f} s: {exc}"
             self.results.add_downtime(Downtime(container=name, served=served, seconds=None, outcome=mask(outcome)))
             pytest.fail(mask(
@@ -523,8 +536,9 @@ def redact_identities(facts: HostFacts) -> None:
 
 def selection(config: pytest.Config) -> str | None:
     """What was selected to run, as given: -m and -k (None: everything)."""
-    parts = [f"-m {config.option.markexpr!r}" if config.option.markexpr else "",
-             f"-k {config.option.keyword!r}" if config.option.keyword else ""]
+    opt = config.option
+    parts = [f"-m {opt.markexpr!r}" if opt.markexpr else "", f"-k {opt.keyword!r}" if opt.keyword else "",
+             *(f"--recipe {name}" for name in opt.sg_recipe or [])]
     return " ".join(p for p in parts if p) or None
 
 
@@ -541,11 +555,15 @@ def _starts() -> dict[str, float]:
 
 
 def _remember_start(key: str, seconds: float) -> None:
+    """Keep a measured start for the next run's downtime estimate (best effort: an estimate is not a result)."""
     starts = _starts()
     starts[key] = round(seconds, 1)
-    tmp = _starts_file().with_suffix(".tmp")
-    tmp.write_text(json.dumps(starts, indent=1))
-    os.replace(tmp, _starts_file())
+    tmp = _starts_file().with_suffix(f".{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(starts, indent=1))
+        os.replace(tmp, _starts_file())
+    except OSError:
+        pass
 
 
 def answer_once(base_url: str, model: str, api_key: str | None) -> None:

@@ -126,7 +126,10 @@ def live_argv(attrs: dict[str, Any]) -> list[str]:
     argv = [*(cfg.get("Entrypoint") or []), *(cfg.get("Cmd") or [])]
     for i, a in enumerate(argv):
         if a == "-c" and i + 1 < len(argv) and os.path.basename(argv[i - 1] if i else "") in ("sh", "bash"):
-            return shlex.split(argv[i + 1])
+            try:
+                return shlex.split(argv[i + 1])
+            except ValueError:  # a script the shell reads but shlex cannot (an unbalanced quote): as docker has it
+                return argv
     return argv
 
 

@@ -128,10 +128,15 @@ class DockerLauncher:
             return Plan(reuse=existing)
         port = self.port
         holder = existing if _may_hold_port(existing, port) else self._port_holder(port)
+        if holder is not None and holder is not existing:
+            drift = config_drift(r, holder.attrs, tag_id)
         serves = served_names(self.base_url, r.args.api_key)
         if serves is not None:  # something serves on the recipe's port
-            if r.model.served_name in serves and not self.take_over:
-                return Plan(reuse=holder, in_place=True, drift=drift if holder is existing else [])
+            # In place only when it is the recipe's model on the recipe's image (never for a candidate --image or a
+            # newer build of the tag: the old one would be measured as the new); a process is always tested in place.
+            same_image = holder is None or not any(d.startswith("image ") for d in drift)
+            if r.model.served_name in serves and same_image and (not self.take_over or holder is None):
+                return Plan(reuse=holder, in_place=True, drift=drift if holder is not None else [])
             if holder is None:
                 raise Occupied(f"port {port} on {self.engine.address} is served by a process, not a container of "
                                f"{where} (it serves {', '.join(serves) or 'no model list'}, not "
@@ -141,6 +146,11 @@ class DockerLauncher:
                 raise NeedsTakeOver(self._downtime(holder, serves))
             return Plan(replace=holder, drift=drift if holder is existing else [f"serves {serves} on port {port}"],
                         reclaimable_bytes=self._held(holder), served=serves)
+        if holder is not None and holder is not existing:  # loading, or in restart back-off: it will want the port
+            if not self.take_over:
+                raise NeedsTakeOver(self._downtime(holder, None))
+            return Plan(replace=holder, drift=[f"holds port {port} ({holder.status}), not serving yet"],
+                        reclaimable_bytes=self._held(holder))
         if existing is None:
             return Plan()
         if existing.status in ("running", "restarting") and not self.take_over:
@@ -176,9 +186,14 @@ class DockerLauncher:
     def _downtime(self, holder: Any, serves: list[str] | None) -> str:
         """Why the recipe could not run in place, and what taking production over would cost."""
         r = self.recipe
-        what = (f"serves {', '.join(serves) or 'something that is no model list'} on port {self.port}, not "
-                f"{r.model.served_name}" if serves is not None else
-                f"runs ({holder.status}) under the recipe's container name and differs from the recipe")
+        if serves is None:
+            what = f"holds port {self.port} or the recipe's container name ({holder.status}, not serving yet)"
+        elif r.model.served_name in serves:
+            image = "; ".join(d for d in config_drift(r, holder.attrs) if d.startswith("image "))
+            what = f"serves {r.model.served_name} on port {self.port}, not on the recipe's image ({image})"
+        else:
+            what = (f"serves {', '.join(serves) or 'something that is no model list'} on port {self.port}, not "
+                    f"{r.model.served_name}")
         return f"container {holder.name} ({holder.id[:12]}) {what}: {self._cost(holder)}. Nothing was stopped"
 
     def _cost(self, holder: Any) -> str:
@@ -192,8 +207,9 @@ class DockerLauncher:
                   "Spark, minutes)")
         back = f"{own:.0f} s, its own last start (its log)" if own is not None else "unknown (its log does not say)"
         total = f"about {(last + own) / 60:.1f} min" if last is not None and own is not None else "several minutes"
-        return (f"serving {r.name} would take {holder.name} down for {total} plus {r.name}'s checks ({r.name}'s "
-                f"start: {theirs}; {holder.name}'s start again: {back})")
+        return (f"serving {r.name} would take {holder.name} down for at least {total} plus {r.name}'s checks "
+                f"(and the run's later recipes': it comes back after the last; {r.name}'s start: {theirs}; "
+                f"{holder.name}'s start again: {back})")
 
     def _port_answers(self) -> bool:
         with socket.socket() as s:
@@ -205,9 +221,9 @@ class DockerLauncher:
         deadline = time.monotonic() + timeout_s
         while self._port_answers():
             if time.monotonic() > deadline:
-                raise StartError(f"port {self.port} on {self.engine.address} still answers {timeout_s:.0f} s after "
-                                 f"what served there was stopped: another server holds it. Nothing of "
-                                 f"{self.recipe.name} was started")
+                raise StartError(f"port {self.port} on {self.engine.address} still answers after {timeout_s:.0f} s "
+                                 f"of waiting for it to be free: a server the suite does not know holds it. Nothing "
+                                 f"of {self.recipe.name} was started")
             time.sleep(1)
 
     # ---- start ----
@@ -276,6 +292,7 @@ class DockerLauncher:
         progress(f"{self.recipe.name}: pulled {image} in {time.monotonic() - start:.0f} s")
 
     def _set_aside(self, existing: Any, drift: list[str], served: list[str] | None, progress: Progress) -> None:
+        existing.reload()  # as it is now: a pull may have taken minutes since the plan
         name = existing.name
         running = existing.status in ("running", "restarting")  # a crash-looping one goes back to looping
         progress(f"{self.recipe.name}: container {name} ({existing.id[:12]}, {existing.status}) differs from the "
@@ -324,6 +341,8 @@ class DockerLauncher:
         """alive() for wait_ready: why the container is gone or looping, or None. Ours is removed at once."""
         import docker.errors
 
+        before = container.attrs.get("RestartCount", 0)  # production may have restarted long ago: only new ones count
+
         def alive() -> str | None:
             nonlocal container
             try:
@@ -331,7 +350,7 @@ class DockerLauncher:
             except docker.errors.NotFound:
                 return "the container was removed"
             state, restarts = container.attrs["State"], container.attrs.get("RestartCount", 0)
-            if state["Status"] not in ("exited", "dead") and not state.get("Restarting") and not restarts:
+            if state["Status"] not in ("exited", "dead") and not state.get("Restarting") and restarts <= before:
                 return None
             tail = container.logs(tail=30).decode(errors="replace")
             what = (f"status {state['Status']}, exit code {state.get('ExitCode')}, restart count {restarts} "
@@ -404,8 +423,8 @@ def _vllm_port(attrs: dict[str, Any]) -> int | None:
 
 
 def _may_hold_port(container: Any, port: int) -> bool:
-    """Whether a running container could be what answers on the host's `port` (so replacing it frees it)."""
-    if container is None or container.status != "running":
+    """Whether a running (or restarting) container could be what answers on the host's `port`."""
+    if container is None or container.status not in ("running", "restarting"):
         return False
     host = container.attrs.get("HostConfig") or {}
     if host.get("NetworkMode") == "host":
@@ -438,7 +457,8 @@ def undo(engine: DockerEngine, entries: list[dict[str, Any]], progress: Progress
             done.append(what)
     # Anything else a run created (a create interrupted before the journal heard its id); never what was restored.
     restored = {e["id"] for e in entries if e["kind"] == "set-aside"} | set(keep)
-    leftovers = _retry(engine, progress, lambda client: _remove_labelled(client, restored),
+    runs = {e["run"] for e in entries if e["kind"] == "create"}  # never another run's (another user's, at once)
+    leftovers = _retry(engine, progress, lambda client: _remove_labelled(client, runs, restored),
                        "removing the suite's containers")
     if leftovers:
         done.append(f"removed left-over sparkgate containers: {', '.join(leftovers)}")
@@ -478,19 +498,21 @@ def _remove_ours(client: Any, entry: dict[str, Any]) -> str:
     (a journal can name anything; what the suite created says so itself). Says what it did."""
     import docker.errors
 
-    name, found = entry["name"], []
+    name, found = entry["name"], {}
     for ref in filter(None, (entry.get("id"), name)):
         try:
-            found.append(client.containers.get(ref))
+            c = client.containers.get(ref)
         except docker.errors.NotFound:
             continue
-    ours = [c for c in found if (c.labels or {}).get(f"{LABEL}.run") == entry["run"]]
+        found.setdefault(c.id, c)  # by id and by name: often the same container
+    ours = [c for c in found.values() if (c.labels or {}).get(f"{LABEL}.run") == entry["run"]]
     for c in ours:
         c.remove(force=True)
     if ours:
         return f"the recipe's container {name} removed"
     if found:
-        return f"{found[0].name} left as it is: it does not carry run {entry['run']}'s label (not the suite's)"
+        other = next(iter(found.values())).name
+        return f"{other} left as it is: it does not carry run {entry['run']}'s label (not the suite's)"
     return f"the recipe's container {name} already gone"
 
 
@@ -522,8 +544,10 @@ def _put_back(client: Any, entry: dict[str, Any]) -> str:
     return f"container {name} ({saved.id[:12]}) restored" + ("" if entry["running"] else " (it was not running)")
 
 
-def _remove_labelled(client: Any, keep: set[str]) -> list[str]:
-    found = [c for c in client.containers.list(all=True, filters={"label": f"{LABEL}.run"}) if c.id not in keep]
+def _remove_labelled(client: Any, runs: set[str], keep: set[str]) -> list[str]:
+    """Remove what the given runs created (by their label), except `keep`."""
+    found = [c for run in sorted(runs)
+             for c in client.containers.list(all=True, filters={"label": f"{LABEL}.run={run}"}) if c.id not in keep]
     for c in found:
         c.remove(force=True)
     return [c.name for c in found]
