@@ -100,8 +100,9 @@ def test_on_a_box_that_serves_the_default_run_tests_production_in_place_and_the_
         "in place as it runs (not stopped, restarted or renamed); it differs from the recipe (serve args: "
         "--max-num-seqs: recipe '3', running '4'): --take-over serves the recipe exactly instead*",
         f"*hid-b: could not run: container {NAME} ({good.id[:12]}) serves smollm2-135m-instruct on port {PORT}, not "
-        f"hid-b-model: serving hid-b would take {NAME} down for * plus hid-b's checks (hid-b's start: *; {NAME}'s "
-        "start again: * s, its own last start (its log)). Nothing was stopped (to run it: --take-over)*",
+        f"hid-b-model: serving hid-b would take {NAME} down for at least * plus hid-b's checks (and the run's later "
+        f"recipes': it comes back after the last; hid-b's start: *; {NAME}'s start again: * s, its own last start (its "
+        "log)). Nothing was stopped (to run it: --take-over)*",
         "SKIPPED*[[]SERVE-MODELS[]] could not run: hid-b: container*(to run it: --take-over)*",
     ])
     assert "setting it aside" not in out
@@ -154,8 +155,9 @@ def test_with_take_over_the_recipes_run_in_turn_and_production_is_set_aside_once
     result.stdout.fnmatch_lines([
         f"*smollm2-docker: container {NAME} (*, running) differs from the recipe (*serve args: --max-num-seqs: "
         f"recipe '3', running '4'*): setting it aside as {NAME}{SAVED_SUFFIX} until the run's last recipe is done "
-        f"(--take-over): serving smollm2-docker would take {NAME} down for * plus smollm2-docker's checks "
-        f"(smollm2-docker's start: *; {NAME}'s start again: * s, its own last start (its log))",
+        f"(--take-over): serving smollm2-docker would take {NAME} down for at least * plus smollm2-docker's checks "
+        f"(and the run's later recipes': it comes back after the last; smollm2-docker's start: *; {NAME}'s start "
+        "again: * s, its own last start (its log))",
         "*smollm2-docker: serving smollm2-135m-instruct after*",
         f"*smollm2-docker: stopped and removed; the recipe's container {NAME} removed",
         "*hid-b: serving hid-b-model after*",
