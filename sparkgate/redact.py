@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .serveargs import SECRET_FLAGS
 
@@ -99,3 +100,51 @@ def secret(value: str | None) -> None:
 
 def secrets_of(env: Mapping[str, str] | None = None, argv: Iterable[str] = ()) -> None:
     MASKER.secrets_of(env, argv)
+
+
+def mask_argv(argv: Iterable[str]) -> list[str]:
+    """A command line masked token by token, before it is quoted (a quote inside a secret would otherwise split
+    it, and half of it would show): the value after a secret flag, `--flag=value`, `NAME=value` of a secret name."""
+    out: list[str] = []
+    for token in argv:
+        flag, eq, value = token.partition("=")
+        if out and out[-1] in SECRET_FLAGS:
+            out.append(HIDDEN)
+        elif eq and value and (flag in SECRET_FLAGS or (flag.isidentifier() and secret_name(flag))):
+            out.append(f"{flag}={HIDDEN}")
+        else:
+            out.append(mask(token))
+    return out
+
+
+def mask_json(value: Any) -> Any:
+    """A JSON-able value with every string in it masked (keys and values, at any depth), before it is serialised:
+    masking the serialised text misses a secret holding a quote or a backslash, and can break the JSON."""
+    if isinstance(value, str):
+        return mask(value)
+    if isinstance(value, Mapping):
+        return {mask(str(k)): mask_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [mask_json(v) for v in value]
+    return value
+
+
+# ---- what it writes into documents others open ------------------------------------------------------------------
+
+_NUMBER = re.compile(r"[-+]?\d+(\.\d+)?([eE][-+]?\d+)?")
+
+
+def md_text(text: str) -> str:
+    """Text for a Markdown table cell or list item: masked, on one line, `|` escaped, and no raw HTML (GitHub renders
+    it): a server's or a contributor's string stays text."""
+    one_line = " ".join(mask(text).split())
+    return one_line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+
+
+def csv_text(text: str) -> str:
+    """Text for a CSV cell: masked, and never a formula a spreadsheet would run (`=`, `+`, `-`, `@`, a tab or a
+    carriage return first: prefixed with `'`, as OWASP advises); plain numbers stay numbers."""
+    text = mask(text)
+    if text[:1] in ("=", "+", "-", "@", "\t", "\r") and not _NUMBER.fullmatch(text):
+        return "'" + text
+    return text

@@ -15,7 +15,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from .measure import Figure
+from .redact import mask, md_text
 from .results import CheckResult, Measurement
+
+
+def _esc(text: str) -> str:
+    """Masked, then escaped: a secret holding `&<>"` is found before escaping changes it."""
+    return html.escape(mask(text))
 
 
 def verdict(m: Measurement) -> str:
@@ -172,8 +178,8 @@ def plots(measured: list[Measurement]) -> dict[str, str]:
 # ---- the summary ---------------------------------------------------------------------------------------
 
 def _table(columns: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    head = "".join(f"<th>{_esc(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows)
     return f'<table class="sparkgate-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -195,12 +201,12 @@ def summary_html(outcomes: list[CheckResult], measured: list[Measurement]) -> st
     if grouped or alone:
         parts.append('<h2 id="sparkgate-failures">Failures</h2><ul>')
         for c in grouped:
-            parts.append(f'<li class="sparkgate-cause"><b>One cause, diagnosed by {html.escape(c.check)}</b>'
-                         f"{' on ' + html.escape(c.recipe) if c.recipe else ''}: {html.escape(c.what)}; it also "
-                         f"fails {html.escape(', '.join(dict.fromkeys(c.also)))}</li>")
+            parts.append(f'<li class="sparkgate-cause"><b>One cause, diagnosed by {_esc(c.check)}</b>'
+                         f"{' on ' + _esc(c.recipe) if c.recipe else ''}: {_esc(c.what)}; it also "
+                         f"fails {_esc(', '.join(dict.fromkeys(c.also)))}</li>")
         for o in alone:
-            parts.append(f"<li><b>{html.escape(o.id)}</b>{' on ' + html.escape(o.recipe) if o.recipe else ''}: "
-                         f"{html.escape(first_line(o.message))}</li>")
+            parts.append(f"<li><b>{_esc(o.id)}</b>{' on ' + _esc(o.recipe) if o.recipe else ''}: "
+                         f"{_esc(first_line(o.message))}</li>")
         parts.append("</ul>")
     if measured:
         parts.append('<h2 id="sparkgate-figures">Figures (per request unless named aggregate)</h2>')
@@ -208,7 +214,7 @@ def summary_html(outcomes: list[CheckResult], measured: list[Measurement]) -> st
         images = plots(measured)
         if images:
             parts.append('<h2>Plots</h2><div class="sparkgate-plots">' + "".join(
-                f'<img alt="{html.escape(t)}" title="{html.escape(t)}" src="data:image/png;base64,{b}">'
+                f'<img alt="{_esc(t)}" title="{_esc(t)}" src="data:image/png;base64,{b}">'
                 for t, b in images.items()) + "</div>")
     skips = skips_by_reason(outcomes)
     if skips:
@@ -228,18 +234,20 @@ def summary_markdown(outcomes: list[CheckResult], measured: list[Measurement], e
     grouped, alone = causes(outcomes)
     if grouped or alone:
         lines += ["### Failures", ""]
-        lines += [f"- **One cause, diagnosed by {c.check}**{' on ' + c.recipe if c.recipe else ''}: {c.what}; it "
-                  f"also fails {', '.join(dict.fromkeys(c.also))}" for c in grouped]
-        lines += [f"- **{o.id}**{' on ' + o.recipe if o.recipe else ''}: {first_line(o.message)}" for o in alone]
+        lines += [f"- **One cause, diagnosed by {md_text(c.check)}**{' on ' + md_text(c.recipe) if c.recipe else ''}: "
+                  f"{md_text(c.what)}; it also fails {md_text(', '.join(dict.fromkeys(c.also)))}" for c in grouped]
+        lines += [f"- **{md_text(o.id)}**{' on ' + md_text(o.recipe) if o.recipe else ''}: "
+                  f"{md_text(first_line(o.message))}" for o in alone]
         lines.append("")
     if measured:
         lines += ["### Figures", "", "| " + " | ".join(FIGURE_COLUMNS) + " |",
                   "|" + " --- |" * len(FIGURE_COLUMNS)]
-        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _fmt(m)) + " |" for m in measured]
+        lines += ["| " + " | ".join(md_text(c) for c in _fmt(m)) + " |" for m in measured]
         lines.append("")
-    lines += ["### Environment", ""] + [f"- {k}: {v}" for k, v in env.items()] + [""]
+    lines += ["### Environment", ""] + [f"- {md_text(k)}: {md_text(str(v))}" for k, v in env.items()] + [""]
     skips = skips_by_reason(outcomes)
     if skips:
         lines += [f"<details><summary>Could not run: {counts['skipped']} checks, {len(skips)} reasons</summary>", ""]
-        lines += [f"- {r}: {', '.join(dict.fromkeys(c))}" for r, c in skips.items()] + ["", "</details>", ""]
+        lines += [f"- {md_text(r)}: {md_text(', '.join(dict.fromkeys(c)))}" for r, c in skips.items()]
+        lines += ["", "</details>", ""]
     return "\n".join(lines)

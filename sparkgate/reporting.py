@@ -63,7 +63,7 @@ class Reporting:
                                     session: pytest.Session) -> None:
         """The report opens on the run's summary: figures, failures by cause, plots, skips by reason."""
         if self.run is not None and self.run.outcomes:
-            prefix.append(mask(summary_html(self.run.outcomes, self.run.measured)))
+            prefix.append(summary_html(self.run.outcomes, self.run.measured))  # masked inside, before escaping
             prefix.append(f'<p id="sparkgate-ran">{html.escape(mask(self.ran()))}</p>')
 
     def pytest_html_results_table_html(self, report: pytest.TestReport, data: list[str]) -> None:

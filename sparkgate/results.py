@@ -10,6 +10,7 @@ a typed shape and its method. Every string goes through the masking formatter (a
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 from pathlib import Path
 from typing import Literal
@@ -21,7 +22,7 @@ from .hostfacts import HostFacts
 from .levels import LEVELS
 from .measure import METHOD, METHOD_TOKENIZER, Figure
 from .recipes import FLOOR_CHECKS, Recipe
-from .redact import mask
+from .redact import mask_json
 from .units import GIB
 
 SCHEMA_VERSION = 2
@@ -221,7 +222,8 @@ class ResultsFile:
     def _write(self) -> None:
         if self.path is None:
             return
-        # Masked (secrets, --redact), written beside, then renamed: a crash mid-write never leaves half a file.
+        # Masked (secrets, --redact) string by string before it is serialised, written beside, then renamed: a crash
+        # mid-write never leaves half a file.
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.write_text(mask(self.data.model_dump_json(indent=2)))
+        tmp.write_text(json.dumps(mask_json(self.data.model_dump(mode="json")), indent=2, ensure_ascii=False))
         os.replace(tmp, self.path)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .measure import Figure
+from .redact import csv_text, md_text
 from .results import Results
 
 # The key figures, by (check, name as the suite writes it): the column each one fills.
@@ -58,7 +59,7 @@ def rows(files: Iterable[Results]) -> tuple[list[str], list[list[str]]]:
 
 
 def markdown(columns: list[str], table: list[list[str]]) -> str:
-    esc = [[c.replace("|", "\\|") for c in row] for row in table]
+    esc = [[md_text(c) for c in row] for row in table]
     return "\n".join(["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns),
                       *("| " + " | ".join(r) + " |" for r in esc)]) + "\n"
 
@@ -67,7 +68,7 @@ def as_csv(columns: list[str], table: list[list[str]]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(columns)
-    writer.writerows(table)
+    writer.writerows([[csv_text(c) for c in row] for row in table])
     return buf.getvalue()
 
 

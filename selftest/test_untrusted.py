@@ -1,0 +1,111 @@
+"""What the suite writes from strings it did not write (a secret, a server's answer, a contributor's file): masked
+before it is quoted, escaped or serialised, and never markup or a formula in the documents people open. Properties,
+with Hypothesis: any secret, any text (docs/SECURITY.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkgate import redact
+from sparkgate.launch.container_spec import docker_run
+from sparkgate.recipes import load_profiles, load_recipes
+from sparkgate.redact import HIDDEN, csv_text, mask_json, md_text
+from sparkgate.report import summary_html
+from sparkgate.results import CheckResult
+
+# A secret of any shape: quotes, backslashes, markup, spaces, non-ASCII; long enough to be registered.
+SECRETS = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="*"), min_size=4, max_size=24)
+DOCUMENTS = st.recursive(st.none() | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=12),
+                         lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                      max_size=4), max_leaves=12)
+
+
+@contextlib.contextmanager
+def registered(value: str):
+    """`value` registered as a secret for one example only (the masker is the process's)."""
+    before = set(redact.MASKER.secrets)
+    redact.secret(value)
+    try:
+        yield
+    finally:
+        redact.MASKER.secrets = before
+
+
+def strings_in(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (k, *strings_in(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in strings_in(v)]
+    return []
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=SECRETS, doc=DOCUMENTS)
+def test_a_document_masked_before_it_is_serialised_is_valid_json_without_the_secret(secret, doc):
+    """Wherever a secret sits (a key, a value, deep in a list), the masked document MUST serialise to JSON that parses,
+    and no string in it may hold the secret."""
+    planted = {"env": {secret: doc, "HF_TOKEN": secret}, "args": ["--api-key", secret, [f"x{secret}y"]], "doc": doc}
+    with registered(secret):
+        parsed = json.loads(json.dumps(mask_json(planted), ensure_ascii=False))
+    assert not [s for s in strings_in(parsed) if secret in s]
+
+
+def _recipe():
+    return load_recipes(profiles=load_profiles())["qwen38-27b-nvfp4"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=SECRETS.filter(lambda s: s.strip() == s and "\x00" not in s))
+def test_the_docker_run_line_shows_no_part_of_a_secret_that_holds_quotes(secret):
+    """A secret in the env (by its name) and after --api-key MUST be hidden whole, whatever quotes it holds: the line
+    is masked token by token, then quoted."""
+    r = _recipe()
+    r = r.model_copy(update={"env": {**r.env, "HF_TOKEN": secret},
+                             "serve_args": [*r.serve_args, "--api-key", secret]})
+    with registered(secret):
+        line = docker_run(r)
+    tokens = shlex.split(line)
+    assert not [t for t in tokens if secret in t], line
+    assert "HF_TOKEN=" + HIDDEN in tokens and tokens[tokens.index("--api-key") + 1] == HIDDEN
+
+
+def test_a_quote_in_a_secret_leaves_no_half_of_it_on_the_docker_run_line():
+    r = _recipe()
+    r = r.model_copy(update={"env": {**r.env, "HF_TOKEN": "hf_Zq9'Xw\"Vb"}, "serve_args": ["--api-key", "Pk7'Lm\"Qn"]})
+    line = docker_run(r)  # not registered: masked by the env name and the flag alone
+    for fragment in ("Zq9", "Xw", "Vb", "Pk7", "Lm", "Qn"):
+        assert fragment not in line, (fragment, line)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text())
+def test_markdown_text_is_one_line_with_no_raw_markup_and_every_bar_escaped(text):
+    out = md_text(text)
+    assert "\n" not in out and "\r" not in out and "<" not in out and ">" not in out
+    assert all(out[i - 1] == "\\" for i, c in enumerate(out) if c == "|")
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text())
+def test_a_csv_cell_never_starts_a_formula(text):
+    out = csv_text(text)
+    assert out[:1] not in ("=", "@", "\t", "\r")
+    if out[:1] in ("+", "-"):
+        float(out)  # only a number may lead with a sign
+
+
+def test_the_html_summary_masks_a_secret_holding_markup_characters_before_escaping_it():
+    secret = 'p&<w>"d-Secret'
+    outcome = CheckResult(id="SERVE-CHAT", test="tests/serving/x.py::t[r]", recipe="r", outcome="failed",
+                          message=f"the server said: {secret}")
+    with registered(secret):
+        page = summary_html([outcome], [])
+    assert secret not in page and "p&amp;&lt;w&gt;&quot;d-Secret" not in page and HIDDEN in page, page[-2000:]
