@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkgate import redact
+from sparkgate.guard import Recorder
 from sparkgate.launch.container_spec import docker_run
 from sparkgate.recipes import load_profiles, load_recipes
 from sparkgate.redact import HIDDEN, csv_text, mask_json, md_text
@@ -109,3 +110,20 @@ def test_the_html_summary_masks_a_secret_holding_markup_characters_before_escapi
     with registered(secret):
         page = summary_html([outcome], [])
     assert secret not in page and "p&amp;&lt;w&gt;&quot;d-Secret" not in page and HIDDEN in page, page[-2000:]
+
+
+@settings(max_examples=100, deadline=None)
+# (a password in a URL holds no unescaped "/", "@", ":" or space)
+@given(secret=SECRETS.filter(lambda s: s.isprintable() and not {"/", "@", ":", " "} & set(s)))
+def test_the_guard_stores_a_body_that_parses_and_holds_no_secret_wherever_it_sits(tmp_path_factory, secret):
+    """Under a hyphenated or any-case key, nested, in a list, as a URL's password: not registered anywhere, the stored
+    body MUST hold no trace of the secret, and MUST parse (SERVE-REPRO replays it)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "api-key": secret,
+            "extra_body": {"Hf_Token": secret, "tools": [{"password": secret}]},
+            "metadata": {"callback": f"https://ops:{secret}@hooks.example/x"}}
+    recorder = Recorder(tmp_path_factory.mktemp("guard"), "http://127.0.0.1:9")
+    stored = recorder.store(body, {"content": "ok"}, [])
+    text = stored.read_text()
+    kept = json.loads(text)
+    assert secret not in text, text
+    assert kept["messages"] == body["messages"] and kept["metadata"]["callback"] == "https://ops:***@hooks.example/x"

@@ -25,7 +25,7 @@ import httpx
 from httpx_sse import SSEError
 
 from . import sanity
-from .redact import mask
+from .redact import mask_json
 from .stream import StreamError, assembled
 
 CHAT_PATHS = ("/v1/chat/completions",)
@@ -61,13 +61,13 @@ class Recorder:
     def store(self, body: dict[str, Any], message: dict[str, Any], findings: list[sanity.Finding]) -> Path:
         """`<time>-<hash>.json`: the request body as sent (secrets masked), what SERVE-REPRO replays; beside it
         `<time>-<hash>.meta`: the answer, the findings, the time and the server's facts (not replayed)."""
-        text = mask(json.dumps(body, ensure_ascii=False))
+        text = json.dumps(mask_json(body), ensure_ascii=False)  # masked value by value: it still parses
         stamp = dt.datetime.now(dt.UTC)
         name = f"{stamp:%Y%m%dT%H%M%SZ}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
         (self.out / f"{name}.json").write_text(text)
         meta = {"time": stamp.isoformat(timespec="seconds"), "upstream": self.upstream, "server": self.facts,
                 "findings": [f.what for f in findings], "answer": message}
-        (self.out / f"{name}.meta").write_text(mask(json.dumps(meta, ensure_ascii=False, indent=2)))
+        (self.out / f"{name}.meta").write_text(json.dumps(mask_json(meta), ensure_ascii=False, indent=2))
         self.stored += 1
         return self.out / f"{name}.json"
 

@@ -4,8 +4,8 @@ Every message, progress line, report section, results file and `sparkgate recipe
 It hides:
 - the values of environment variables whose names look like secrets (`HF_TOKEN=...`, `"OPENAI_API_KEY": "..."`),
   judged by the parts of the name (TOKEN, KEY, SECRET, PASSWORD, ...; TOKENIZERS_PARALLELISM is not one);
-- the value after a secret flag (`--api-key`, `--hf-token`, ...), `Authorization:`/`Bearer` values and
-  well-known token shapes (`hf_...`, `sk-...`, `nvapi-...`);
+- the value after a secret flag (`--api-key`, `--hf-token`, ...), `Authorization:`/`Bearer` values, the password
+  of a URL (`scheme://user:password@host`) and well-known token shapes (`hf_...`, `sk-...`, `nvapi-...`);
 - every secret value registered with `secret()` wherever it appears (a recipe's, a container's, --api-key's).
 
 `--redact` adds stable placeholders for what identifies a box or a person (hostname, ssh target, user, home
@@ -22,12 +22,13 @@ from .serveargs import SECRET_FLAGS
 
 HIDDEN = "***"
 _SECRET_PARTS = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PASSPHRASE", "KEY", "APIKEY", "CREDENTIAL",
-                 "CREDENTIALS", "AUTH", "PAT", "COOKIE", "SESSION"}
+                 "CREDENTIALS", "AUTH", "AUTHORIZATION", "PAT", "COOKIE", "SESSION"}
 _VALUE = r"""("[^"]*"|'[^']*'|[^\s'",;\]\)}]+)"""
 _ASSIGN = re.compile(rf"\b([A-Za-z_][A-Za-z0-9_]*)=({_VALUE[1:-1]})")
 _QUOTED_PAIR = re.compile(r"""(["'])([A-Za-z_][A-Za-z0-9_]*)\1(\s*:\s*)(["'])(.*?)\4""")
 _FLAG = re.compile(rf"({'|'.join(map(re.escape, SECRET_FLAGS))})(=|\s+|['\"]\s*,\s*['\"])({_VALUE[1:-1]})")
 _AUTH = re.compile(r"(?i)\b(authorization\s*[:=]\s*(?:bearer\s+|basic\s+)?|bearer\s+)([^\s'\",;]+)")
+_URL_CREDENTIALS = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)([^@\s/]+)(@)")  # scheme://user:PASSWORD@
 _SHAPES = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|nvapi-[A-Za-z0-9_-]{20,}"
                      r"|gh[pousr]_[A-Za-z0-9]{30,})")
 
@@ -80,6 +81,7 @@ class Masker:
                                 else m[0], text)
         text = _FLAG.sub(lambda m: f"{m[1]}{m[2]}{HIDDEN}", text)
         text = _AUTH.sub(lambda m: f"{m[1]}{HIDDEN}", text)
+        text = _URL_CREDENTIALS.sub(lambda m: f"{m[1]}{HIDDEN}{m[3]}", text)
         text = _SHAPES.sub(HIDDEN, text)
         for value, placeholder in sorted(self.placeholders.items(), key=lambda kv: len(kv[0]), reverse=True):
             text = text.replace(value, placeholder)
@@ -122,8 +124,9 @@ def mask_json(value: Any) -> Any:
     masking the serialised text misses a secret holding a quote or a backslash, and can break the JSON."""
     if isinstance(value, str):
         return mask(value)
-    if isinstance(value, Mapping):
-        return {mask(str(k)): mask_json(v) for k, v in value.items()}
+    if isinstance(value, Mapping):  # a string under a secret's name (`api-key`, `HF_TOKEN`, any case) is hidden whole
+        return {mask(str(k)): HIDDEN if isinstance(v, str) and v and secret_name(str(k)) else mask_json(v)
+                for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [mask_json(v) for v in value]
     return value
