@@ -204,7 +204,7 @@ def test_validate_names_what_keeps_a_file_from_being_a_submission(runs, tmp_path
     truncated = tmp_path / "truncated.json"
     truncated.write_text(before.read_text()[:2000])
     result = cli("validate", truncated)
-    assert result.returncode == 1 and "is not a sparkgate results file" in result.stderr, result.stderr
+    assert result.returncode == 2 and "is not a sparkgate results file" in result.stderr, result.stderr
     data = json.loads(before.read_text())
     data["measurements"][0]["method"] = "sparkgate.stream/0: decode=N/t_total"
     other = tmp_path / "other-method.json"

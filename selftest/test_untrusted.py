@@ -8,17 +8,22 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
+import subprocess
+import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from sparkgate import redact
 from sparkgate.guard import Recorder
 from sparkgate.launch.container_spec import docker_run
+from sparkgate.measure import Figure
 from sparkgate.recipes import load_profiles, load_recipes
 from sparkgate.redact import HIDDEN, csv_text, mask_json, md_text
 from sparkgate.report import summary_html
-from sparkgate.results import CheckResult
+from sparkgate.results import MAX_BYTES, CheckResult, Measurement, Results, Suite, load
 
 # A secret of any shape: quotes, backslashes, markup, spaces, non-ASCII; long enough to be registered.
 SECRETS = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="*"), min_size=4, max_size=24)
@@ -127,3 +132,55 @@ def test_the_guard_stores_a_body_that_parses_and_holds_no_secret_wherever_it_sit
     kept = json.loads(text)
     assert secret not in text, text
     assert kept["messages"] == body["messages"] and kept["metadata"]["callback"] == "https://ops:***@hooks.example/x"
+
+
+# ---- contributors' results files ---------------------------------------------------------------------------------
+
+def _a_results_document() -> dict:
+    figure = Figure.of("natural decode, per request", "tok/s", [20.0, 22.0, 24.0], {"prompt": "prose"})
+    results = Results(suite=Suite(version="0.1", commit="abc"), started="2026-12-01T00:00:00+00:00",
+                      measurements=[Measurement(**figure.model_dump(), recipe="r", check="PERF-NATURAL")])
+    return json.loads(results.model_dump_json())
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda m: m.update(mean="NaN"), "finite"),
+    (lambda m: m.update(n=4), "n is 4 and there are 3 raw values"),
+    (lambda m: m.update(mean=30.0), "mean is 30, and its raw values give 22"),
+    (lambda m: m.update(std=0.0), "std is 0, and its raw values give 2"),
+    (lambda m: m["raw"].__setitem__(0, "Infinity"), "finite"),
+], ids=["nan-mean", "n-disagrees", "mean-disagrees", "std-disagrees", "infinite-raw"])
+def test_a_figure_that_cannot_be_true_is_refused_with_what_is_wrong(tmp_path, change, words):
+    doc = _a_results_document()
+    change(doc["measurements"][0])
+    path = tmp_path / "theirs.json"
+    path.write_text(json.dumps(doc).replace('"NaN"', "NaN").replace('"Infinity"', "Infinity"))
+    with pytest.raises(ValidationError, match=words):
+        load(path)
+
+
+def test_a_file_too_large_or_not_utf8_is_refused_with_one_line(tmp_path):
+    big, binary = tmp_path / "big.json", tmp_path / "binary.json"
+    with big.open("wb") as f:
+        f.truncate(MAX_BYTES + 1)
+    binary.write_bytes(b'{"suite": "\xff\xfe"}')
+    for path, words in ((big, "larger than any results file"), (binary, "not UTF-8 text")):
+        with pytest.raises(ValueError, match=words):
+            load(path)
+        result = subprocess.run([sys.executable, "-m", "sparkgate.cli", "validate", str(path)], capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+@settings(max_examples=200, deadline=None)
+@given(doc=st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                            st.sampled_from(["suite", "started", "measurements", "checks", "n", "mean", "raw",
+                                             "schema_version", "x"]), inner, max_size=4), max_leaves=10))
+def test_an_arbitrary_document_is_a_results_file_or_one_clear_error(tmp_path_factory, doc):
+    path = tmp_path_factory.mktemp("doc") / "any.json"
+    path.write_text(json.dumps(doc))
+    try:
+        load(path)
+    except (ValidationError, ValueError):
+        pass  # the clear errors `sparkgate validate` and `compare` turn into one line and exit 2

@@ -17,7 +17,8 @@ Exit status of `sparkgate run`: 0 every check that ran passed, 1 a check failed 
 option, recipe or profile; an unreachable host; a host in use by another run), 3 nothing ran (every selected check
 was skipped, or none was selected: read the skip reasons), 130 interrupted. Plain `pytest` says the same with its own
 codes: 0, 1, 4, 5 and 2. Of `compare`: 0 no regression, 1 a regression, 2 the files do not compare (or cannot be
-read). Of `validate`: 0 every file valid and complete, 1 not.
+read). Of `validate`: 0 every file valid and complete for what it selected, 1 one is not, 2 one cannot be read as a
+results file (not JSON, not UTF-8, larger than 20 MB, a figure that cannot be true). Of `table`: 0, or 2 likewise.
 """
 
 from __future__ import annotations
@@ -93,11 +94,13 @@ def _load_or_say(path: Path) -> Any:
         return load(path)
     except OSError as exc:
         print(f"sparkgate: {path}: {exc.strerror}", file=sys.stderr)
-    except ValidationError as exc:
+    except ValidationError as exc:  # before ValueError: it is one
         print(f"sparkgate: {path} is not a sparkgate results file ({exc.error_count()} problem(s)):", file=sys.stderr)
         for e in exc.errors()[:10]:
             where = ".".join(str(x) for x in e["loc"]) or "the file"
             print(f"  {where}: {e['msg']}", file=sys.stderr)
+    except ValueError as exc:
+        print(f"sparkgate: {path} is not a sparkgate results file: {exc}", file=sys.stderr)
     return None
 
 
@@ -111,6 +114,9 @@ def compare_files(args: argparse.Namespace) -> int:
         result = compare(base, cand, args.tolerance)
     except NotComparable as exc:
         print(f"sparkgate: {args.baseline} and {args.candidate} do not compare: {exc}", file=sys.stderr)
+        return 2
+    except (ArithmeticError, ValueError) as exc:  # figures no statistic can be computed on: bad input, not a regression
+        print(f"sparkgate: {args.baseline} and {args.candidate}: cannot compare their figures: {exc}", file=sys.stderr)
         return 2
     print(f"baseline:  {args.baseline} ({base.started}, sparkgate {base.suite.version})")
     print(f"candidate: {args.candidate} ({cand.started}, sparkgate {cand.suite.version})")
@@ -139,10 +145,13 @@ def table_of(args: argparse.Namespace) -> int:
 def validate_files(args: argparse.Namespace) -> int:
     from .results import problems
 
-    bad = 0
+    bad = unreadable = 0
     for path in args.files:
         r = _load_or_say(path)
-        found = problems(r) if r is not None else ["not readable (above)"]
+        if r is None:  # bad input (said above): 2, apart from "valid, not complete"
+            unreadable += 1
+            continue
+        found = problems(r)
         if found:
             bad += 1
             print(f"{path}: NOT valid for submission")
@@ -151,7 +160,7 @@ def validate_files(args: argparse.Namespace) -> int:
             print(f"{path}: valid (schema {r.schema_version}, {len(r.recipes)} recipe(s), {len(r.checks)} checks, "
                   f"{len(r.measurements)} figures, level {r.measured_level}); complete for what it selected: "
                   f"{r.selection or 'everything'}")
-    return 1 if bad else 0
+    return 2 if unreadable else 1 if bad else 0
 
 
 def main(argv: list[str] | None = None) -> int:

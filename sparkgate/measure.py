@@ -12,6 +12,7 @@ tokenizer instead, as llama-benchy does; a figure built on such counts says so i
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from typing import Any, Literal
 
 import httpx
 from httpx_sse import SSEError, aconnect_sse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .stream import Assembled, StreamError
 
@@ -121,9 +122,13 @@ class Figure(BaseModel):
     """A measured quantity with everything needed to compare it: n, mean, std, percentiles, raw values, shape,
     method."""
 
+    # Read from contributors' files too: nothing that cannot be true (non-finite numbers, an n or a mean that
+    # disagrees with the raw values) is a figure.
+    model_config = ConfigDict(allow_inf_nan=False)
+
     name: str
     unit: str
-    n: int
+    n: int = Field(ge=1)
     mean: float
     std: float = Field(description="sample standard deviation (n-1); 0 when n == 1")
     p50: float
@@ -133,6 +138,16 @@ class Figure(BaseModel):
     shape: Shape
     method: str = METHOD
     roofline: float | None = Field(None, description="decode ceiling of the profile, same unit; None: unknown")
+
+    @model_validator(mode="after")
+    def _consistent_with_its_raw_values(self) -> Figure:
+        if len(self.raw) != self.n:
+            raise ValueError(f"n is {self.n} and there are {len(self.raw)} raw values")
+        std = statistics.stdev(self.raw) if self.n > 1 else 0.0
+        for what, stated, actual in (("mean", self.mean, statistics.fmean(self.raw)), ("std", self.std, std)):
+            if not math.isclose(stated, actual, rel_tol=1e-6, abs_tol=1e-9):
+                raise ValueError(f"{what} is {stated:g}, and its raw values give {actual:g}")
+        return self
 
     @property
     def roofline_share(self) -> float | None:

@@ -127,9 +127,20 @@ class Results(BaseModel):
         return self.level or "standard"
 
 
+MAX_BYTES = 20 * 2**20  # a full extended run of three recipes writes well under 1 MB
+
+
 def load(path: Path) -> Results:
-    """A results file, validated against the schema (pydantic's ValidationError says what and where)."""
-    return Results.model_validate_json(Path(path).read_text())
+    """A results file, validated against the schema (pydantic's ValidationError says what and where). Larger than
+    MAX_BYTES, or not UTF-8: ValueError saying so (a contributor's file is untrusted input)."""
+    path = Path(path)
+    if (size := path.stat().st_size) > MAX_BYTES:
+        raise ValueError(f"{size / 2**20:.0f} MB, larger than any results file ({MAX_BYTES // 2**20} MB at most)")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text (byte {exc.start})") from None
+    return Results.model_validate_json(text)
 
 
 def problems(r: Results) -> list[str]:
