@@ -8,6 +8,7 @@ suite turns each malformed answer into one clear failure of the running check, n
     trickle  /v1/models is fine; a chat completion comes one byte a second, for minutes
     key      /v1/* answers 401 without `Authorization: Bearer sparkgate-test-key` (vLLM's --api-key), then as list
     markup   /v1/models is fine; /version carries markup that runs script if a page renders it as HTML
+    oddmsg   /v1/models is fine; a chat completion's `message` is a string, not an object
 
     python -m selftest.misbehaving_server PORT
 """
@@ -61,6 +62,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, PAGE, "text/html")
         if way == "key" and self.headers.get("authorization") != f"Bearer {KEY}":
             return self._send(401, json.dumps({"error": "Unauthorized"}).encode())
+        if way == "oddmsg":
+            return self._send(200, json.dumps({"choices": [{"message": "not an object"}]}).encode())
         if way in ("list", "key"):
             return self._send(200, json.dumps([{"message": {"content": "Paris"}}]).encode())
         if way == "badsse" and body.get("stream"):

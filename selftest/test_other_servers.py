@@ -20,13 +20,14 @@ import time
 import httpx
 import pytest
 
-from sparkgate import embedded
+from sparkgate import embedded, sanity
+from sparkgate.guard import MAX_BODY, Recorder
 from sparkgate.results import Results
 
-from .helpers import ROOT, broken_recipe, run_suite
+from .helpers import ROOT, broken_recipe, guard, run_suite
 from .misbehaving_server import MARKUP
 
-LLAMA_PORT, ODD_PORT = 18140, 18141
+LLAMA_PORT, ODD_PORT, ODD_GUARD_PORT = 18140, 18141, 18142
 
 
 @contextlib.contextmanager
@@ -151,3 +152,39 @@ def test_markup_a_server_returns_is_shown_as_text_in_the_report_and_runs_no_scri
         chromium.close()
     assert MARKUP in environment, environment[:2000]
     assert title != "pwned" and images == 0, (title, images)
+
+
+def test_the_guard_changes_no_answer_and_refuses_only_what_it_cannot_hold(odd, tmp_path):
+    """In front of a server: a body over its limit MUST be a 413 with one line (and nothing stored), an answer it
+    cannot judge MUST reach the client unchanged (never a 500 of the guard's own), and an upstream that does not
+    answer MUST be a 502 with one line."""
+    out = tmp_path / "repro"
+    proc = guard(f"{odd}/oddmsg", out, port=ODD_GUARD_PORT)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{ODD_GUARD_PORT}", timeout=60) as client:
+            big = client.post("/v1/chat/completions", content=b"{" + b" " * MAX_BODY + b"}",
+                              headers={"content-type": "application/json"})
+            odd_answer = client.post("/v1/chat/completions", json={"model": "m", "messages": []})
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert big.status_code == 413 and big.text == "sparkgate guard: request body larger than 32 MB\n"
+    assert odd_answer.status_code == 200 and odd_answer.json() == {"choices": [{"message": "not an object"}]}
+    assert not list(out.glob("*.json"))
+    proc = guard("http://127.0.0.1:9", out, port=ODD_GUARD_PORT)  # nothing listens on port 9
+    try:
+        down = httpx.post(f"http://127.0.0.1:{ODD_GUARD_PORT}/v1/chat/completions", json={}, timeout=60)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert down.status_code == 502 and down.text.startswith("sparkgate guard: the upstream http://127.0.0.1:9 did "
+                                                            "not answer: ConnectError"), down.text
+    assert "Traceback" not in err.decode(), err.decode()[-2000:]
+
+
+def test_what_the_guard_stores_is_private_and_each_body_once(tmp_path):
+    recorder = Recorder(tmp_path / "repro", "http://127.0.0.1:9")
+    body, finding = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}, [sanity.Finding("salad", 0, "x")]
+    first, again = recorder.store(body, {"content": "x"}, finding), recorder.store(body, {"content": "x"}, finding)
+    assert first == again and len(list((tmp_path / "repro").glob("*.json"))) == 1
+    assert (first.stat().st_mode & 0o777, (tmp_path / "repro").stat().st_mode & 0o777) == (0o600, 0o700)

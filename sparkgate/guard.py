@@ -8,15 +8,23 @@ it stores the exact request body (secrets masked) as a repro body, with the answ
 facts beside it. Those bodies are what SERVE-REPRO replays (`--repro-dir`), against the warm engine, after every
 image bump.
 
-    sparkgate guard --listen 0.0.0.0:8001 --upstream http://127.0.0.1:8000 --out ~/sparkgate-repro
+    sparkgate guard --listen 127.0.0.1:8001 --upstream http://127.0.0.1:8000 --out ~/sparkgate-repro
+
+It never changes what a client gets except by being slower, and barely that: a body over MAX_BODY is refused (413)
+before it is read whole, an upstream that does not answer is a 502 with one line, and judging and storing run in a
+worker thread after the answer has gone (never on the event loop, never as an error the client sees). What it
+stores is bounded (MAX_STORED files, one per distinct body), private (0600 in a 0700 folder) and masked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import hashlib
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +37,8 @@ from .redact import mask_json
 from .stream import StreamError, assembled
 
 CHAT_PATHS = ("/v1/chat/completions",)
+MAX_BODY = 32 * 2**20  # a 128K-token prompt is about 0.5 MB of JSON; images in base64 a few MB more
+MAX_STORED = 1000  # repro bodies kept per folder: enough to see a pattern, never a full disk
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization",
               "proxy-authenticate", "host", "content-length", "accept-encoding"}
 
@@ -39,9 +49,10 @@ class Recorder:
     def __init__(self, out: Path, upstream: str) -> None:
         self.out = out
         self.upstream = upstream
-        self.out.mkdir(parents=True, exist_ok=True)
+        self.out.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.facts: dict[str, Any] = {}
         self.stored = 0
+        self.full_said = False
 
     async def learn_facts(self, client: httpx.AsyncClient) -> None:
         """What the upstream says of itself (its vLLM version, its models), recorded with every repro body."""
@@ -58,16 +69,34 @@ class Recorder:
             self.store(body, message, findings)
         return findings
 
-    def store(self, body: dict[str, Any], message: dict[str, Any], findings: list[sanity.Finding]) -> Path:
+    def judge_safely(self, body: dict[str, Any], message: Any) -> None:
+        """judge(), where a failure to judge or to store is a line on stderr, never the client's error."""
+        try:
+            if isinstance(message, dict):
+                self.judge(body, message)
+        except Exception as exc:  # the guard's own failure: the client already has its answer
+            print(f"sparkgate guard: could not judge or store one answer: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+
+    def store(self, body: dict[str, Any], message: dict[str, Any], findings: list[sanity.Finding]) -> Path | None:
         """`<time>-<hash>.json`: the request body as sent (secrets masked), what SERVE-REPRO replays; beside it
         `<time>-<hash>.meta`: the answer, the findings, the time and the server's facts (not replayed)."""
-        text = json.dumps(mask_json(body), ensure_ascii=False)  # masked value by value: it still parses
+        text = json.dumps(mask_json(body))  # masked value by value: it still parses (ASCII: a lone surrogate too)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        if seen := sorted(self.out.glob(f"*-{digest}.json")):  # the same body again: stored once
+            return seen[0]
+        if len(list(self.out.glob("*.json"))) >= MAX_STORED:
+            if not self.full_said:
+                self.full_said = True
+                print(f"sparkgate guard: {self.out} holds {MAX_STORED} repro bodies; storing no more",
+                      file=sys.stderr, flush=True)
+            return None
         stamp = dt.datetime.now(dt.UTC)
-        name = f"{stamp:%Y%m%dT%H%M%SZ}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-        (self.out / f"{name}.json").write_text(text)
+        name = f"{stamp:%Y%m%dT%H%M%SZ}-{digest}"
         meta = {"time": stamp.isoformat(timespec="seconds"), "upstream": self.upstream, "server": self.facts,
                 "findings": [f.what for f in findings], "answer": message}
-        (self.out / f"{name}.meta").write_text(json.dumps(mask_json(meta), ensure_ascii=False, indent=2))
+        _write_private(self.out / f"{name}.meta", json.dumps(mask_json(meta), indent=2))
+        _write_private(self.out / f"{name}.json", text)
         self.stored += 1
         return self.out / f"{name}.json"
 
@@ -83,19 +112,41 @@ def app(upstream: str, out: Path) -> Any:
     recorder = Recorder(out, upstream)
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30), limits=httpx.Limits(max_connections=None))
 
+    pending: set[asyncio.Task[None]] = set()  # judging and storing, after the answers went out
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
         await recorder.learn_facts(client)
         yield
+        if pending:  # a stop (SIGTERM) lets what is being stored finish: never half a repro body
+            await asyncio.wait(pending, timeout=30)
         await client.aclose()
 
+    def judge_later(body: dict[str, Any], message: Any) -> None:
+        """Judge and store in a worker thread, after the answer has gone to the client."""
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(recorder.judge_safely, body, message))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
     async def proxy(request: Request) -> Response:
-        raw = await request.body()
+        if int(request.headers.get("content-length") or 0) > MAX_BODY:
+            return _refused_too_large()
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                return _refused_too_large()
+            chunks.append(chunk)
+        raw = b"".join(chunks)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         headers["accept-encoding"] = "identity"  # the guard reads what it forwards
         upstream_request = client.build_request(request.method, f"{upstream}{request.url.path}",
                                                 params=request.query_params, headers=headers, content=raw)
-        response = await client.send(upstream_request, stream=True)
+        try:
+            response = await client.send(upstream_request, stream=True)
+        except httpx.HTTPError as exc:
+            return Response(f"sparkgate guard: the upstream {upstream} did not answer: {type(exc).__name__}: {exc}\n",
+                            status_code=502, media_type="text/plain")
         passed = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
         body = _json_object(raw) if request.url.path in CHAT_PATHS and request.method == "POST" else None
         if body is None or response.status_code != 200:
@@ -113,7 +164,7 @@ def app(upstream: str, out: Path) -> Any:
                 finally:
                     await response.aclose()
                     try:
-                        recorder.judge(body, assembled(b"".join(received)).message)
+                        judge_later(body, assembled(b"".join(received)).message)
                     except (StreamError, SSEError):
                         pass  # not a chat completion stream: nothing the detector can read
 
@@ -123,13 +174,29 @@ def app(upstream: str, out: Path) -> Any:
         answer = _json_object(content)
         choices = (answer or {}).get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            recorder.judge(body, choices[0].get("message") or {})
+            judge_later(body, choices[0].get("message") or {})
         return Response(content, status_code=response.status_code, headers=passed)
 
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
     application = Starlette(routes=[Route("/{path:path}", proxy, methods=methods)], lifespan=lifespan)
     application.state.recorder = recorder
     return application
+
+
+def _refused_too_large() -> Any:
+    from starlette.responses import Response
+
+    return Response(f"sparkgate guard: request body larger than {MAX_BODY // 2**20} MB\n", status_code=413,
+                    media_type="text/plain")
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Only the guard's user can read what it stores (0600); written beside, then renamed: never half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def _json_object(raw: bytes) -> dict[str, Any] | None:
