@@ -1,6 +1,7 @@
 """Recipes and profiles load, and a malformed one is one clear error naming its file and field."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -207,3 +208,21 @@ def test_a_recipe_name_that_could_carry_markup_or_a_command_is_refused_naming_fi
     folder = broken_recipe(tmp_path, lambda d: d.update(name="<img src=x onerror=alert(1)>"))
     with pytest.raises(RecipeError, match=r"smollm2-cpu.yaml: field `name`: String should match pattern"):
         load_recipes(Path(folder), load_profiles())
+
+
+@pytest.mark.parametrize(("make", "words"), [
+    (lambda d: (d / "smollm2-cpu.yaml").write_text(yaml.safe_dump({**yaml.safe_load(
+        (RECIPES_DIR / "smollm2-cpu.yaml").read_text()), "volumes": ["/models"]})),
+     "smollm2-cpu.yaml: field `volumes`: Value error, '/models' is not host_path:container_path[:ro|rw]"),
+    (lambda d: (d / "broken.yaml").write_bytes(b"name: \xff\xfe\n"), "broken.yaml: not UTF-8 text (byte 6)"),
+    (lambda d: (d / "a-folder.yaml").mkdir(), "a-folder.yaml: cannot be read: Is a directory"),
+], ids=["volume-without-colon", "not-utf8", "a-directory"])
+def test_a_recipe_folder_with_bad_entries_is_one_error_naming_the_file(tmp_path, make, words):
+    make(tmp_path)
+    with pytest.raises(RecipeError, match=re.escape(words)):
+        load_recipes(tmp_path, load_profiles())
+
+
+def test_a_recipes_dir_that_does_not_exist_is_an_error_not_an_empty_run(tmp_path):
+    with pytest.raises(RecipeError, match="no such folder of recipes"):
+        load_recipes(tmp_path / "nowhere", load_profiles())

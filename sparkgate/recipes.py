@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .serveargs import ServeArgs
 from .shipped import PROFILES_DIR, RECIPES_DIR
@@ -172,6 +172,15 @@ class Recipe(_Strict):
     # How the docker launcher runs the container (docker recipes only).
     entrypoint: list[str] | None = Field(None, description="null: the image's own (`vllm serve` upstream)")
     volumes: list[str] = Field([], description="host_path:container_path[:ro], as docker run -v")
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes_have_both_sides(cls, value: list[str]) -> list[str]:
+        for v in value:
+            parts = v.split(":")
+            if len(parts) not in (2, 3) or not all(parts[:2]) or parts[2:] not in ([], ["ro"], ["rw"]):
+                raise ValueError(f"{v!r} is not host_path:container_path[:ro|rw]")
+        return value
     network: str = Field("host", description="docker network mode")
     ipc: str | None = Field("host", description="docker ipc mode; null: docker's default")
     ports: dict[int, int] = Field({}, description="container port -> host port (not with network host)")
@@ -233,9 +242,13 @@ class Recipe(_Strict):
 
 def _load(path: Path, model: type[BaseModel]) -> BaseModel:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise RecipeError(f"{path}: not valid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:  # a directory named like a recipe, a file it may not read
+        raise RecipeError(f"{path}: cannot be read: {exc.strerror}") from None
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: expected a mapping of fields, found {type(data).__name__}")
     try:
@@ -259,6 +272,8 @@ def load_recipes(
     directory: Path = RECIPES_DIR, profiles: dict[str, Profile] | None = None
 ) -> dict[str, Recipe]:
     profiles = load_profiles() if profiles is None else profiles
+    if not directory.is_dir():
+        raise RecipeError(f"{directory}: no such folder of recipes (--recipes-dir)")
     recipes: dict[str, Recipe] = {}
     for path in sorted(directory.glob("*.yaml")):
         recipe = _load(path, Recipe).model_copy(update={"source_file": path})
