@@ -12,13 +12,14 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from sparkgate import redact
 from sparkgate.guard import Recorder
-from sparkgate.launch.container_spec import docker_run
+from sparkgate.launch.container_spec import SAVED_SUFFIX, docker_run
+from sparkgate.launch.docker_launcher import restore_commands
 from sparkgate.measure import Figure
 from sparkgate.recipes import load_profiles, load_recipes
 from sparkgate.redact import HIDDEN, csv_text, mask_json, md_text
@@ -123,9 +124,13 @@ def test_the_html_summary_masks_a_secret_holding_markup_characters_before_escapi
 def test_the_guard_stores_a_body_that_parses_and_holds_no_secret_wherever_it_sits(tmp_path_factory, secret):
     """Under a hyphenated or any-case key, nested, in a list, as a URL's password: not registered anywhere, the stored
     body MUST hold no trace of the secret, and MUST parse (SERVE-REPRO replays it)."""
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "api-key": secret,
-            "extra_body": {"Hf_Token": secret, "tools": [{"password": secret}]},
-            "metadata": {"callback": f"https://ops:{secret}@hooks.example/x"}}
+    def body_with(value: str) -> dict:
+        return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "api-key": value,
+                "extra_body": {"Hf_Token": value, "tools": [{"password": value}]},
+                "metadata": {"callback": f"https://ops:{value}@hooks.example/x"}}
+
+    body = body_with(secret)
+    assume(secret not in json.dumps(body_with("***")))  # a secret like "mess" is in "messages": that is no leak
     recorder = Recorder(tmp_path_factory.mktemp("guard"), "http://127.0.0.1:9")
     stored = recorder.store(body, {"content": "ok"}, [])
     text = stored.read_text()
@@ -184,3 +189,16 @@ def test_an_arbitrary_document_is_a_results_file_or_one_clear_error(tmp_path_fac
         load(path)
     except (ValidationError, ValueError):
         pass  # the clear errors `sparkgate validate` and `compare` turn into one line and exit 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1,
+                    max_size=30))
+def test_the_commands_printed_to_paste_keep_any_container_name_one_word(name):
+    """Whatever a name holds (`; curl ... | sh` included), each printed command MUST split back into exactly
+    `docker VERB NAME...` with the name intact."""
+    lexer = shlex.shlex(restore_commands(name), posix=True, punctuation_chars=";")
+    lexer.whitespace_split = True
+    tokens = list(lexer)
+    assert tokens == ["docker", "rm", "-f", name, ";", "docker", "rename", name + SAVED_SUFFIX, name, ";", "docker",
+                      "start", name], tokens

@@ -148,7 +148,8 @@ def app(upstream: str, out: Path) -> Any:
             return Response(f"sparkgate guard: the upstream {upstream} did not answer: {type(exc).__name__}: {exc}\n",
                             status_code=502, media_type="text/plain")
         passed = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
-        body = _json_object(raw) if request.url.path in CHAT_PATHS and request.method == "POST" else None
+        chat = request.url.path in CHAT_PATHS and request.method == "POST"
+        body = await asyncio.to_thread(_json_object, raw) if chat else None  # a large body parses off the loop
         if body is None or response.status_code != 200:
             content = await response.aread()
             await response.aclose()

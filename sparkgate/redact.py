@@ -15,6 +15,7 @@ paths, PCI ids) in the report and the results file, so they can be shared.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -117,6 +118,12 @@ def mask_argv(argv: Iterable[str]) -> list[str]:
         else:
             out.append(mask(token))
     return out
+
+
+def join_masked(argv: Iterable[str]) -> str:
+    """A command line to show: masked token by token (mask_argv), then shell-quoted; a hidden value shows as `***`."""
+    sentinel = "SPARKGATEHIDDENVALUE"  # shlex would quote the stars; nothing is left to hide in a placeholder
+    return shlex.join(t.replace(HIDDEN, sentinel) for t in mask_argv(argv)).replace(sentinel, HIDDEN)
 
 
 def mask_json(value: Any) -> Any:

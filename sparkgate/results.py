@@ -107,7 +107,8 @@ class Downtime(BaseModel):
 class Results(BaseModel):
     """A sparkgate results file (--results-json). Figures are per request unless their name says aggregate."""
 
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = Field(SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION,
+                                description="the file's schema; a newer one than this sparkgate reads is refused")
     suite: Suite
     started: str = Field(description="UTC, ISO 8601")
     finished: str | None = Field(None, description="UTC, ISO 8601; None: the run did not finish")

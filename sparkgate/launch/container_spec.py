@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..recipes import Recipe
-from ..redact import mask, mask_argv, secrets_of
+from ..redact import join_masked, mask, secrets_of
 from ..rules import required_env
 from ..serveargs import SECRET_FLAGS, ServeArgs, same_value
 from ..vllmlog import StartupFacts
@@ -118,7 +118,7 @@ def docker_run(recipe: Recipe, paths: HostPaths = HostPaths()) -> str:
     for key, value in recipe.env.items():
         parts += ["-e", f"{key}={value}"]
     # Masked token by token, then quoted: never the other way round (a quote in a secret would split it).
-    return shlex.join(mask_argv([*parts, recipe.image or "", *ep[1:], *expected_args(recipe)]))
+    return join_masked([*parts, recipe.image or "", *ep[1:], *expected_args(recipe)])
 
 
 def live_argv(attrs: dict[str, Any]) -> list[str]:

@@ -17,7 +17,7 @@ import sys
 
 from ..proc import cache_dir, die_with_parent
 from ..recipes import Recipe
-from ..redact import mask
+from ..redact import join_masked
 from .base import Occupied, Progress, Server, log_tail, served_names, wait_ready
 
 
@@ -55,8 +55,8 @@ class ProcessLauncher:
         }
 
     def describe(self) -> str:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env().items())
-        return mask(f"{env} {shlex.join(self.command())}")
+        # Masked token by token, then quoted (a quote in a secret would otherwise split it).
+        return join_masked([*(f"{k}={v}" for k, v in self.env().items()), *self.command()])
 
     def start(self, progress: Progress, timeout_s: float) -> Server:
         r = self.recipe
