@@ -65,6 +65,8 @@ def serving(recipe: Recipe, profile: Profile, read_mem_available: Callable[[], i
                 _preflight(recipe, profile, read_mem_available(), plan.reclaimable_bytes,
                            f"container {recipe.container_name}")
             server = launcher.start(plan, progress, timeout_s)
+        elif (found := launcher.in_place(progress)) is not None:
+            server = found
         else:
             _preflight(recipe, profile, read_mem_available())
             server = launcher.start(progress, timeout_s)

@@ -58,9 +58,11 @@ class ProcessLauncher:
         # Masked token by token, then quoted (a quote in a secret would otherwise split it).
         return join_masked([*(f"{k}={v}" for k, v in self.env().items()), *self.command()])
 
-    def start(self, progress: Progress, timeout_s: float) -> Server:
+    def in_place(self, progress: Progress) -> Server | None:
+        """What already serves on the recipe's port, before any memory arithmetic or start: the recipe's model is
+        tested in place; anything else is Occupied (could not run). None: the port is free."""
         r = self.recipe
-        if port_in_use(r.port):  # what serves there is tested in place when it is the recipe's model, else left be
+        if port_in_use(r.port):
             here = f"http://127.0.0.1:{r.port}"
             names = served_names(here, r.args.api_key)
             if names and r.model.served_name in names:
@@ -73,6 +75,10 @@ class ProcessLauncher:
                            f"{r.model.served_name}): something else is serving there, and the suite never "
                            f"stops what it did not start. Test it with --base-url {here} --recipe NAME, or stop it "
                            "first")
+        return None
+
+    def start(self, progress: Progress, timeout_s: float) -> Server:
+        r = self.recipe
         cmd = self.command(prepare=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         progress(f"{r.name}: starting {shlex.join(cmd[1:4])} ... (log: {self.log_path})")
