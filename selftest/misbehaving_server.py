@@ -8,7 +8,7 @@ suite turns each malformed answer into one clear failure of the running check, n
     trickle  /v1/models is fine; a chat completion comes one byte a second, for minutes
     key      /v1/* answers 401 without `Authorization: Bearer sparkgate-test-key` (vLLM's --api-key), then as list
     markup   /v1/models is fine; /version carries markup that runs script if a page renders it as HTML
-    oddmsg   /v1/models is fine; a chat completion's `message` is a string, not an object
+    oddmsg   /v1/models is fine; a chat completion's `message` (streamed: its `delta`) is a string, not an object
 
     python -m selftest.misbehaving_server PORT
 """
@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODEL = "smollm2-135m-instruct"
 KEY = "sparkgate-test-key"
+ODD_STREAM = b'data: {"choices": [{"delta": "a string, not an object"}]}\n\ndata: [DONE]\n\n'
 MARKUP = "<img src=x onerror=\"document.title='pwned'\">0.32.0"
 PAGE = b"<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1>nginx</body></html>"
 
@@ -62,6 +63,14 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, PAGE, "text/html")
         if way == "key" and self.headers.get("authorization") != f"Bearer {KEY}":
             return self._send(401, json.dumps({"error": "Unauthorized"}).encode())
+        if way == "oddmsg" and body.get("stream"):
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("connection", "close")
+            self.end_headers()
+            self.wfile.write(ODD_STREAM)
+            self.close_connection = True
+            return None
         if way == "oddmsg":
             return self._send(200, json.dumps({"choices": [{"message": "not an object"}]}).encode())
         if way in ("list", "key"):

@@ -25,7 +25,7 @@ from sparkgate.guard import MAX_BODY, Recorder
 from sparkgate.results import Results
 
 from .helpers import ROOT, broken_recipe, guard, run_suite
-from .misbehaving_server import MARKUP
+from .misbehaving_server import MARKUP, ODD_STREAM
 
 LLAMA_PORT, ODD_PORT, ODD_GUARD_PORT = 18140, 18141, 18142
 
@@ -165,11 +165,15 @@ def test_the_guard_changes_no_answer_and_refuses_only_what_it_cannot_hold(odd, t
             big = client.post("/v1/chat/completions", content=b"{" + b" " * MAX_BODY + b"}",
                               headers={"content-type": "application/json"})
             odd_answer = client.post("/v1/chat/completions", json={"model": "m", "messages": []})
+            with client.stream("POST", "/v1/chat/completions", json={"model": "m", "messages": [],
+                                                                     "stream": True}) as response:
+                odd_stream = b"".join(response.iter_raw())
     finally:
         proc.terminate()
         proc.wait(10)
     assert big.status_code == 413 and big.text == "sparkgate guard: request body larger than 32 MB\n"
     assert odd_answer.status_code == 200 and odd_answer.json() == {"choices": [{"message": "not an object"}]}
+    assert odd_stream == ODD_STREAM  # a stream it cannot assemble reaches the client whole
     assert not list(out.glob("*.json"))
     proc = guard("http://127.0.0.1:9", out, port=ODD_GUARD_PORT)  # nothing listens on port 9
     try:
@@ -183,6 +187,11 @@ def test_the_guard_changes_no_answer_and_refuses_only_what_it_cannot_hold(odd, t
 
 
 def test_what_the_guard_stores_is_private_and_each_body_once(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(ValueError, match="is not this user's own folder"):
+        Recorder(shared, "http://127.0.0.1:9")
     recorder = Recorder(tmp_path / "repro", "http://127.0.0.1:9")
     body, finding = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}, [sanity.Finding("salad", 0, "x")]
     first, again = recorder.store(body, {"content": "x"}, finding), recorder.store(body, {"content": "x"}, finding)

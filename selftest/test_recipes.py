@@ -213,7 +213,7 @@ def test_a_recipe_name_that_could_carry_markup_or_a_command_is_refused_naming_fi
 @pytest.mark.parametrize(("make", "words"), [
     (lambda d: (d / "smollm2-cpu.yaml").write_text(yaml.safe_dump({**yaml.safe_load(
         (RECIPES_DIR / "smollm2-cpu.yaml").read_text()), "volumes": ["/models"]})),
-     "smollm2-cpu.yaml: field `volumes`: Value error, '/models' is not host_path:container_path[:ro|rw]"),
+     "smollm2-cpu.yaml: field `volumes`: Value error, '/models' is not host_path:container_path[:options]"),
     (lambda d: (d / "broken.yaml").write_bytes(b"name: \xff\xfe\n"), "broken.yaml: not UTF-8 text (byte 6)"),
     (lambda d: (d / "a-folder.yaml").mkdir(), "a-folder.yaml: cannot be read: Is a directory"),
 ], ids=["volume-without-colon", "not-utf8", "a-directory"])

@@ -20,6 +20,7 @@ from sparkgate import redact
 from sparkgate.guard import Recorder
 from sparkgate.launch.container_spec import SAVED_SUFFIX, docker_run
 from sparkgate.launch.docker_launcher import restore_commands
+from sparkgate.launch.process_launcher import ProcessLauncher
 from sparkgate.measure import Figure
 from sparkgate.recipes import load_profiles, load_recipes
 from sparkgate.redact import HIDDEN, csv_text, mask_json, md_text
@@ -154,7 +155,8 @@ def _a_results_document() -> dict:
     (lambda m: m.update(mean=30.0), "mean is 30, and its raw values give 22"),
     (lambda m: m.update(std=0.0), "std is 0, and its raw values give 2"),
     (lambda m: m["raw"].__setitem__(0, "Infinity"), "finite"),
-], ids=["nan-mean", "n-disagrees", "mean-disagrees", "std-disagrees", "infinite-raw"])
+    (lambda m: m.update(n=2, raw=[1.7e308, 1.7e308], mean=1.7e308, std=0.0), "its raw values have no mean or std"),
+], ids=["nan-mean", "n-disagrees", "mean-disagrees", "std-disagrees", "infinite-raw", "overflowing-raw"])
 def test_a_figure_that_cannot_be_true_is_refused_with_what_is_wrong(tmp_path, change, words):
     doc = _a_results_document()
     change(doc["measurements"][0])
@@ -202,3 +204,11 @@ def test_the_commands_printed_to_paste_keep_any_container_name_one_word(name):
     tokens = list(lexer)
     assert tokens == ["docker", "rm", "-f", name, ";", "docker", "rename", name + SAVED_SUFFIX, name, ";", "docker",
                       "start", name], tokens
+
+
+def test_a_process_recipes_command_line_keeps_its_environment_pasteable():
+    """`NAME=value` leads the line unquoted (a shell reads a quoted one as a command), the value quoted."""
+    r = load_recipes(profiles=load_profiles())["smollm2-cpu"]
+    r = r.model_copy(update={"env": {**r.env, "VLLM_CPU_OMP_THREADS_BIND": "0-3|4-7", "HF_TOKEN": "hf_Zq9'Xw"}})
+    line = ProcessLauncher(r).describe()
+    assert "VLLM_CPU_OMP_THREADS_BIND='0-3|4-7' " in line and "HF_TOKEN=*** " in line and "Zq9" not in line, line

@@ -206,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "guard":
         from .guard import serve
 
-        serve(args.listen, args.upstream, Path(args.out).expanduser())
+        try:
+            serve(args.listen, args.upstream, Path(args.out).expanduser())
+        except ValueError as exc:  # a --out folder that is not the user's own
+            print(f"sparkgate guard: {exc}", file=sys.stderr)
+            return 2
         return 0
     if args.cmd == "results-schema":
         from .results import Results

@@ -25,7 +25,10 @@ import hashlib
 import json
 import os
 import sys
+import threading
+import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +36,13 @@ import httpx
 from httpx_sse import SSEError
 
 from . import sanity
-from .redact import mask_json
+from .redact import mask, mask_json
 from .stream import StreamError, assembled
 
 CHAT_PATHS = ("/v1/chat/completions",)
 MAX_BODY = 32 * 2**20  # a 128K-token prompt is about 0.5 MB of JSON; images in base64 a few MB more
 MAX_STORED = 1000  # repro bodies kept per folder: enough to see a pattern, never a full disk
+JUDGE_BACKLOG = 64  # answers waiting to be judged; past it, an answer goes unjudged (said on stderr), never delayed
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization",
               "proxy-authenticate", "host", "content-length", "accept-encoding"}
 
@@ -50,9 +54,15 @@ class Recorder:
         self.out = out
         self.upstream = upstream
         self.out.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = self.out.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise ValueError(f"{out} is not this user's own folder (owner uid {st.st_uid}, mode "
+                             f"{st.st_mode & 0o7777:o}): another user could read or plant repro bodies there; give "
+                             "--out a folder of your own")
         self.facts: dict[str, Any] = {}
         self.stored = 0
         self.full_said = False
+        self._lock = threading.Lock()  # the dedup look and the quota count, then the write, as one step
 
     async def learn_facts(self, client: httpx.AsyncClient) -> None:
         """What the upstream says of itself (its vLLM version, its models), recorded with every repro body."""
@@ -69,19 +79,36 @@ class Recorder:
             self.store(body, message, findings)
         return findings
 
-    def judge_safely(self, body: dict[str, Any], message: Any) -> None:
-        """judge(), where a failure to judge or to store is a line on stderr, never the client's error."""
+    def judge_raw(self, raw_body: bytes, answer: bytes, streamed: bool) -> None:
+        """Parse, judge and store one exchange, in the judging thread: whatever it holds, a failure is a line on
+        stderr, never the client's error (the client already has its answer)."""
         try:
+            body = _json_object(raw_body)
+            if body is None:
+                return
+            if streamed:
+                message: Any = assembled(answer).message
+            else:
+                choices = (_json_object(answer) or {}).get("choices")
+                if not (isinstance(choices, list) and choices and isinstance(choices[0], dict)):
+                    return
+                message = choices[0].get("message") or {}
             if isinstance(message, dict):
                 self.judge(body, message)
-        except Exception as exc:  # the guard's own failure: the client already has its answer
-            print(f"sparkgate guard: could not judge or store one answer: {type(exc).__name__}: {exc}",
+        except (StreamError, SSEError):
+            return  # not a chat completion stream: nothing the detector can read
+        except Exception as exc:
+            print(mask(f"sparkgate guard: could not judge or store one answer: {type(exc).__name__}: {exc}"),
                   file=sys.stderr, flush=True)
 
     def store(self, body: dict[str, Any], message: dict[str, Any], findings: list[sanity.Finding]) -> Path | None:
         """`<time>-<hash>.json`: the request body as sent (secrets masked), what SERVE-REPRO replays; beside it
         `<time>-<hash>.meta`: the answer, the findings, the time and the server's facts (not replayed)."""
         text = json.dumps(mask_json(body))  # masked value by value: it still parses (ASCII: a lone surrogate too)
+        with self._lock:
+            return self._store(text, message, findings)
+
+    def _store(self, text: str, message: dict[str, Any], findings: list[sanity.Finding]) -> Path | None:
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
         if seen := sorted(self.out.glob(f"*-{digest}.json")):  # the same body again: stored once
             return seen[0]
@@ -112,21 +139,31 @@ def app(upstream: str, out: Path) -> Any:
     recorder = Recorder(out, upstream)
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30), limits=httpx.Limits(max_connections=None))
 
-    pending: set[asyncio.Task[None]] = set()  # judging and storing, after the answers went out
+    # Judging and storing: one thread of its own, after the answers went out, with a bounded backlog.
+    judging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparkgate-judge")
+    pending: set[Future[None]] = set()
+    closing, dropped = [False], [0]
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
         await recorder.learn_facts(client)
         yield
-        if pending:  # a stop (SIGTERM) lets what is being stored finish: never half a repro body
-            await asyncio.wait(pending, timeout=30)
+        closing[0] = True  # a stop (SIGTERM) lets what is being stored finish: never half a repro body
+        await asyncio.to_thread(judging.shutdown, True)
         await client.aclose()
 
-    def judge_later(body: dict[str, Any], message: Any) -> None:
-        """Judge and store in a worker thread, after the answer has gone to the client."""
-        task = asyncio.get_running_loop().create_task(asyncio.to_thread(recorder.judge_safely, body, message))
-        pending.add(task)
-        task.add_done_callback(pending.discard)
+    def judge_later(raw_body: bytes, answer: bytes, streamed: bool) -> None:
+        if closing[0]:
+            return
+        if len(pending) >= JUDGE_BACKLOG:
+            dropped[0] += 1
+            if dropped[0] in (1, 10, 100) or dropped[0] % 1000 == 0:
+                print(f"sparkgate guard: judging is {JUDGE_BACKLOG} answers behind; {dropped[0]} left unjudged so "
+                      "far (the answers went out unchanged)", file=sys.stderr, flush=True)
+            return
+        future = judging.submit(recorder.judge_raw, raw_body, answer, streamed)
+        pending.add(future)
+        future.add_done_callback(pending.discard)
 
     async def proxy(request: Request) -> Response:
         if int(request.headers.get("content-length") or 0) > MAX_BODY:
@@ -145,12 +182,11 @@ def app(upstream: str, out: Path) -> Any:
         try:
             response = await client.send(upstream_request, stream=True)
         except httpx.HTTPError as exc:
-            return Response(f"sparkgate guard: the upstream {upstream} did not answer: {type(exc).__name__}: {exc}\n",
-                            status_code=502, media_type="text/plain")
+            return Response(mask(f"sparkgate guard: the upstream {upstream} did not answer: {type(exc).__name__}: "
+                                 f"{exc}\n"), status_code=502, media_type="text/plain")
         passed = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
-        chat = request.url.path in CHAT_PATHS and request.method == "POST"
-        body = await asyncio.to_thread(_json_object, raw) if chat else None  # a large body parses off the loop
-        if body is None or response.status_code != 200:
+        chat = request.url.path in CHAT_PATHS and request.method == "POST"  # parsed in the judging thread, later
+        if not chat or response.status_code != 200:
             content = await response.aread()
             await response.aclose()
             return Response(content, status_code=response.status_code, headers=passed)
@@ -158,24 +194,21 @@ def app(upstream: str, out: Path) -> Any:
             received: list[bytes] = []
 
             async def forward():
+                complete = False
                 try:
                     async for chunk in response.aiter_raw():
                         yield chunk  # first to the client; judging waits for the end of the stream
                         received.append(chunk)
+                    complete = True
                 finally:
                     await response.aclose()
-                    try:
-                        judge_later(body, assembled(b"".join(received)).message)
-                    except (StreamError, SSEError):
-                        pass  # not a chat completion stream: nothing the detector can read
+                if complete:  # a stream the client left half-way is not judged
+                    judge_later(raw, b"".join(received), True)
 
             return StreamingResponse(forward(), status_code=response.status_code, headers=passed)
         content = await response.aread()
         await response.aclose()
-        answer = _json_object(content)
-        choices = (answer or {}).get("choices")
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            judge_later(body, choices[0].get("message") or {})
+        judge_later(raw, content, False)
         return Response(content, status_code=response.status_code, headers=passed)
 
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
@@ -192,9 +225,10 @@ def _refused_too_large() -> Any:
 
 
 def _write_private(path: Path, text: str) -> None:
-    """Only the guard's user can read what it stores (0600); written beside, then renamed: never half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Only the guard's user can read what it stores (0600); written beside (a new file, never through a link),
+    then renamed: never half a file."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
@@ -212,5 +246,5 @@ def serve(listen: str, upstream: str, out: Path) -> None:
     import uvicorn
 
     host, _, port = listen.rpartition(":")
-    print(f"sparkgate guard: {listen} -> {upstream}; garbage-producing requests are stored in {out}", flush=True)
+    print(mask(f"sparkgate guard: {listen} -> {upstream}; garbage-producing requests are stored in {out}"), flush=True)
     uvicorn.run(app(upstream, out), host=host or "127.0.0.1", port=int(port), log_level="warning")

@@ -143,8 +143,12 @@ class Figure(BaseModel):
     def _consistent_with_its_raw_values(self) -> Figure:
         if len(self.raw) != self.n:
             raise ValueError(f"n is {self.n} and there are {len(self.raw)} raw values")
-        std = statistics.stdev(self.raw) if self.n > 1 else 0.0
-        for what, stated, actual in (("mean", self.mean, statistics.fmean(self.raw)), ("std", self.std, std)):
+        try:
+            std = statistics.stdev(self.raw) if self.n > 1 else 0.0
+            mean = statistics.fmean(self.raw)
+        except ArithmeticError as exc:  # finite values whose sum is not (1e308 twice)
+            raise ValueError(f"its raw values have no mean or std: {exc}") from None
+        for what, stated, actual in (("mean", self.mean, mean), ("std", self.std, std)):
             if not math.isclose(stated, actual, rel_tol=1e-6, abs_tol=1e-9):
                 raise ValueError(f"{what} is {stated:g}, and its raw values give {actual:g}")
         return self

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -178,8 +179,10 @@ class Recipe(_Strict):
     def _volumes_have_both_sides(cls, value: list[str]) -> list[str]:
         for v in value:
             parts = v.split(":")
-            if len(parts) not in (2, 3) or not all(parts[:2]) or parts[2:] not in ([], ["ro"], ["rw"]):
-                raise ValueError(f"{v!r} is not host_path:container_path[:ro|rw]")
+            if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and not re.fullmatch(
+                    r"[a-z]+(,[a-z]+)*", parts[2], re.I)):
+                raise ValueError(f"{v!r} is not host_path:container_path[:options] (options as docker's -v: ro, z, "
+                                 "...)")
         return value
     network: str = Field("host", description="docker network mode")
     ipc: str | None = Field("host", description="docker ipc mode; null: docker's default")

@@ -120,10 +120,16 @@ def mask_argv(argv: Iterable[str]) -> list[str]:
     return out
 
 
-def join_masked(argv: Iterable[str]) -> str:
-    """A command line to show: masked token by token (mask_argv), then shell-quoted; a hidden value shows as `***`."""
-    sentinel = "SPARKGATEHIDDENVALUE"  # shlex would quote the stars; nothing is left to hide in a placeholder
-    return shlex.join(t.replace(HIDDEN, sentinel) for t in mask_argv(argv)).replace(sentinel, HIDDEN)
+_SENTINEL = "SPARKGATEHIDDENVALUE"  # shlex would quote the stars; there is nothing left to hide in a placeholder
+
+
+def join_masked(argv: Iterable[str], env: Mapping[str, str] | None = None) -> str:
+    """A command line to show, led by its environment (`NAME=value`, which a shell reads only unquoted): masked
+    token by token (mask_argv), then shell-quoted; a hidden value shows as `***`."""
+    assigns = [f"{k}={shlex.quote(_SENTINEL if secret_name(k) else mask(v).replace(HIDDEN, _SENTINEL))}"
+               for k, v in (env or {}).items()]
+    line = shlex.join(t.replace(HIDDEN, _SENTINEL) for t in mask_argv(argv))
+    return " ".join([*assigns, line]).replace(_SENTINEL, HIDDEN)
 
 
 def mask_json(value: Any) -> Any:
@@ -131,9 +137,8 @@ def mask_json(value: Any) -> Any:
     masking the serialised text misses a secret holding a quote or a backslash, and can break the JSON."""
     if isinstance(value, str):
         return mask(value)
-    if isinstance(value, Mapping):  # a string under a secret's name (`api-key`, `HF_TOKEN`, any case) is hidden whole
-        return {mask(str(k)): HIDDEN if isinstance(v, str) and v and secret_name(str(k)) else mask_json(v)
-                for k, v in value.items()}
+    if isinstance(value, Mapping):  # under a secret's name (`api-key`, `HF_TOKEN`, any case): hidden whole
+        return {mask(str(k)): _hidden(v) if secret_name(str(k)) else mask_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [mask_json(v) for v in value]
     return value
@@ -158,3 +163,13 @@ def csv_text(text: str) -> str:
     if text[:1] in ("=", "+", "-", "@", "\t", "\r") and not _NUMBER.fullmatch(text):
         return "'" + text
     return text
+
+
+def _hidden(value: Any) -> Any:
+    """A value under a secret's name: strings hidden, in lists too; numbers, booleans and objects kept as they are
+    (masked inside)."""
+    if isinstance(value, str):
+        return HIDDEN if value else value
+    if isinstance(value, list | tuple):
+        return [_hidden(v) for v in value]
+    return mask_json(value)

@@ -237,5 +237,5 @@ class ResultsFile:
         # Masked (secrets, --redact) string by string before it is serialised, written beside, then renamed: a crash
         # mid-write never leaves half a file.
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.write_text(json.dumps(mask_json(self.data.model_dump(mode="json")), indent=2, ensure_ascii=False))
+        tmp.write_text(json.dumps(mask_json(self.data.model_dump(mode="json")), indent=2), encoding="utf-8")
         os.replace(tmp, self.path)

@@ -56,7 +56,7 @@ class ProcessLauncher:
 
     def describe(self) -> str:
         # Masked token by token, then quoted (a quote in a secret would otherwise split it).
-        return join_masked([*(f"{k}={v}" for k, v in self.env().items()), *self.command()])
+        return join_masked(self.command(), self.env())
 
     def in_place(self, progress: Progress) -> Server | None:
         """What already serves on the recipe's port, before any memory arithmetic or start: the recipe's model is
