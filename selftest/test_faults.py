@@ -65,6 +65,14 @@ def terminal(dock, tmp_path, data, *args) -> Terminal:
                     *args)
 
 
+def host_only_run(dock) -> tuple[int, str]:
+    """A run of one host check against the docker test host: what the lock and the journal decide comes first."""
+    run = Terminal("tests", f"--host={dock.host.name}", f"--ssh-config={dock.host.ssh_config}", "-m", "host", "-k",
+                   "architecture")
+    rc = run.finish()
+    return rc, run.output
+
+
 def our_processes(dock=None) -> list[str]:
     """Processes of this machine the suite starts: docker socket forwards and lock holders (not the self-tests'
     own forward, `dock`'s)."""
@@ -324,10 +332,7 @@ def test_a_lock_folder_another_user_could_write_is_refused_and_nothing_is_touche
     dock.host.run(make, check=True)
     dock.host.run(f"printf %s {shlex.quote(_planted_journal(production.id))} > {HOST_LOCK_DIR}/journal.json")
     try:
-        run = Terminal("tests", f"--host={dock.host.name}", f"--ssh-config={dock.host.ssh_config}", "-m", "host",
-                       "-k", "architecture")
-        rc = run.finish()
-        out = run.output
+        rc, out = host_only_run(dock)
     finally:
         dock.host.run(f"rm -rf {HOST_LOCK_DIR} /tmp/elsewhere")
     assert rc == pytest.ExitCode.USAGE_ERROR, out[-3000:]
@@ -342,10 +347,7 @@ def test_a_journal_this_suite_did_not_write_is_one_error_and_is_left_for_the_ope
     dock.host.run(f"mkdir -p -m 700 {HOST_LOCK_DIR}", check=True)
     dock.host.run(f"printf %s {shlex.quote(_planted_journal(production.id))} > {HOST_LOCK_DIR}/journal.json")
     try:
-        run = Terminal("tests", f"--host={dock.host.name}", f"--ssh-config={dock.host.ssh_config}", "-m", "host",
-                       "-k", "architecture")
-        rc = run.finish()
-        out = run.output
+        rc, out = host_only_run(dock)
         left = dock.host.run(f"cat {HOST_LOCK_DIR}/journal.json").stdout
     finally:
         dock.host.run(f"rm -rf {HOST_LOCK_DIR}")
@@ -362,10 +364,7 @@ def test_a_create_entry_naming_production_removes_only_what_carries_the_runs_lab
     entry = [{"kind": "create", "name": PROD, "run": "0123456789ab", "id": production.id}]
     dock.host.run(f"mkdir -p -m 700 {HOST_LOCK_DIR}", check=True)
     dock.host.run(f"printf %s {shlex.quote(json.dumps(entry))} > {HOST_LOCK_DIR}/journal.json")
-    run = Terminal("tests", f"--host={dock.host.name}", f"--ssh-config={dock.host.ssh_config}", "-m", "host", "-k",
-                   "architecture")
-    rc = run.finish()
-    out = run.output
+    rc, out = host_only_run(dock)
     assert rc == 0, out[-3000:]
     assert f"{PROD} left as it is: it does not carry run 0123456789ab's label (not the suite's)" in out, out[-3000:]
     assert_untouched(dock, production)
@@ -404,10 +403,7 @@ def test_a_run_killed_outright_is_repaired_by_the_next_run(dock, production, tmp
     assert our_processes(dock) == []
     journal = json.loads(dock.host.run(f"cat {JOURNAL}").stdout)
     assert [e["kind"] for e in journal] == ["set-aside", "create"]
-    nxt = Terminal("tests", f"--host={dock.host.name}", f"--ssh-config={dock.host.ssh_config}", "-m", "host",
-                   "-k", "architecture")
-    rc = nxt.finish()
-    out = nxt.output
+    rc, out = host_only_run(dock)
     assert rc == 0, out[-3000:]
     assert "an earlier run on spark01d died before putting the box back; restoring it first" in out
     assert re.search(rf"container {PROD} \(\w+\) restored and started again", out), out[-3000:]
