@@ -5,12 +5,15 @@ what to do. A check that cannot run skips with the reason and the option that wo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from .rules import Verdict
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,15 @@ class Check:
         if verdict.not_applicable:
             self.cannot_run(verdict.not_applicable)
         self.that(verdict.ok, expected=verdict.expected, found=verdict.found, fix=fix)
+
+    def every(self, items: Iterable[T], what: str, where: str, enable: str | None = None) -> list[T]:
+        """The set an "every X" check judges, as a list; could not run when it is empty: a verdict over no X at all
+        would pass on a host that has none to judge (as HOST-INITRAMFS once did on a /boot with no kernel)."""
+        __tracebackhide__ = True
+        found = list(items)  # a generator is truthy even when it yields nothing
+        if not found:
+            self.cannot_run(f"no {what} found in {where}", enable)
+        return found
 
     def cannot_run(self, reason: str, enable: str | None = None) -> None:
         """Skip: the check could not run here. Never a failure, never a silent pass."""

@@ -79,8 +79,10 @@ class HostFacts(BaseModel):
     next_kernel: str | None = None  # the one the next boot runs
     next_kernel_basis: str = ""  # how that was decided (GRUB_DEFAULT, saved_entry)
     dpkg_problems: list[str] = []  # dpkg --audit and apt-get check findings; [] is clean
+    kernel_packages: list[str] = []  # linux-* and *nvidia* packages dpkg has installed, fully or half
     compute_apps: list[ComputeApp] = []
     model_processes: list[str] = []  # "pid args" of processes that look like model servers
+    ps_error: str | None = None  # why the process list could not be read (model_processes then says nothing)
     container_of: dict[int, str] = {}  # pid of a model server or GPU process -> the docker container it runs in
     docker: str | None = None  # server version, None: not reachable
     docker_error: str | None = None
@@ -276,7 +278,10 @@ def gather(host: Any, target: str) -> HostFacts:
     facts.update(_secure_boot(host))
     facts.update(_kernels(host, facts["kernel"]))
     facts.update(_packages(host))
-    facts["model_processes"] = [mask(p) for p in model_processes(host.run("ps -eww -o pid=,args=").stdout)]
+    ps = host.run("ps -eww -o pid=,args=")
+    facts["model_processes"] = [mask(p) for p in model_processes(ps.stdout)]
+    if ps.rc != 0 or not ps.stdout.strip():  # ps lists at least itself: nothing listed is nothing read
+        facts["ps_error"] = mask(" ".join((ps.stderr or ps.stdout).split())[:300]) or f"exit status {ps.rc}"
     pids = {a.pid for a in facts.get("compute_apps", [])} | {int(p.split()[0]) for p in facts["model_processes"]}
     facts["container_of"] = containers_of(host, pids)
     facts.update(_docker_and_user(host))
@@ -329,21 +334,25 @@ def _kernels(host: Any, running: str) -> dict[str, Any]:
 
 
 def _packages(host: Any) -> dict[str, Any]:
-    """What dpkg and apt say is unfinished or broken (the guide's hung DKMS/MOK install leaves it so)."""
-    problems = []
+    """What dpkg and apt say is unfinished or broken (the guide's hung DKMS/MOK install leaves it so), and which
+    linux and nvidia packages dpkg has: none, and there is no driver or kernel install to judge."""
+    problems, packages = [], []
     audit = host.run("dpkg --audit")
     if audit.stdout.strip():
         problems.append(f"dpkg --audit: {' '.join(audit.stdout.split())}")
     states = host.run("dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' 'linux-*' '*nvidia*'")
     for line in states.stdout.splitlines():
         abbrev, _, package = line.partition(" ")
-        if abbrev.strip() not in ("ii", "un", "rc", "") and package and package.strip() not in audit.stdout:
-            problems.append(f"{package.strip()} is {abbrev.strip()} (dpkg-query: not fully installed)")
+        abbrev, package = abbrev.strip(), package.strip()
+        if package and abbrev not in ("un", "rc", ""):
+            packages.append(package)
+        if abbrev not in ("ii", "un", "rc", "") and package and package not in audit.stdout:
+            problems.append(f"{package} is {abbrev} (dpkg-query: not fully installed)")
     if host.exists("apt-get"):
         check = host.run("apt-get check -q")
         if check.rc != 0:
             problems.append(f"apt-get check: {' '.join((check.stderr or check.stdout).split())[:300]}")
-    return {"dpkg_problems": problems}
+    return {"dpkg_problems": problems, "kernel_packages": packages}
 
 
 def _docker_and_user(host: Any) -> dict[str, Any]:

@@ -43,9 +43,13 @@ def required_env(recipe: Recipe) -> dict[str, str]:
 def env_rule(recipe: Recipe, env: dict[str, str]) -> Verdict:
     """CONT-ENV: every variable the recipe, its image and its quantization need, with its value."""
     want = required_env(recipe)
+    if not want:  # every variable of none would pass any environment
+        return Verdict.skip(f"{recipe.name} requires no environment variable (its env is empty, and neither its "
+                            f"image {recipe.image or '(a process)'} nor its {recipe.model.quantization} quantization "
+                            "needs one)")
     wrong = [f"{k} missing (want {k}={v})" if k not in env else f"{k}={env[k]} (want {k}={v})"
              for k, v in want.items() if env.get(k) != v]
-    return Verdict(not wrong, " ".join(f"{k}={v}" for k, v in want.items()) or "(none required)", "; ".join(wrong))
+    return Verdict(not wrong, " ".join(f"{k}={v}" for k, v in want.items()), "; ".join(wrong))
 
 
 def restart_rule(policy: str) -> Verdict:

@@ -53,7 +53,10 @@ def test_every_bootable_kernels_module_is_the_userspace_version(check, host_fact
     userspace = host_facts.driver_version
     if userspace is None:
         check.cannot_run("no userspace driver version could be read")
-    modules = [m for k in host_facts.boot_order if (m := host_facts.module_for(k))]  # none at all: HOST-BOOT-MODULE
+    kernels = host_facts.boot_order
+    modules = check.every([m for k in kernels if (m := host_facts.module_for(k))], "nvidia.ko of a bootable kernel",
+                          f"/lib/modules for the kernels in /boot ({', '.join(kernels) or 'none'}; HOST-BOOT-MODULE "
+                          "says which lack one)")
     bad = [m for m in modules if m.version != userspace]
     branch = userspace.split(".")[0]
     check.that(not bad, expected=f"nvidia.ko version {userspace} for every bootable kernel",
@@ -75,7 +78,10 @@ def test_every_other_kernels_module_is_signed_by_canonical(check, host_facts, pr
     module_facts(check, host_facts, profile)
     if not host_facts.secure_boot:
         check.cannot_run("Secure Boot is disabled: the kernel loads unsigned modules")
-    others = [m for k in host_facts.boot_order if k != host_facts.kernel and (m := host_facts.module_for(k))]
+    kernels = [k for k in host_facts.boot_order if k != host_facts.kernel]
+    others = check.every([m for k in kernels if (m := host_facts.module_for(k))], "nvidia.ko of another bootable "
+                         "kernel", f"/lib/modules for the other kernels in /boot ({', '.join(kernels) or 'none'}; "
+                         "HOST-FALLBACK-KERNEL and HOST-BOOT-MODULE say what is missing)")
     bad = [f"{m.kernel} ({host_facts.role(m.kernel)}): {m.path} signer {m.signer or 'none (unsigned)'}"
            for m in others if m.signer != CANONICAL]
     check.that(not bad, expected=f"every other bootable kernel's nvidia.ko signed '{CANONICAL}'",

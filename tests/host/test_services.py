@@ -13,16 +13,24 @@ from sparkgate.units import GIB
         "`systemctl list-units --type=service --state=running | grep -iE 'llama|ollama|vllm'`); stop a "
         "container with `docker rm -f`, a service with `systemctl stop`, a process by its pid",
 )
-def test_no_other_model_server_holds_memory(check, host_facts, pytestconfig, selected_recipes):
+def test_no_other_model_server_holds_memory(check, host_facts, pytestconfig, selected_recipes, profiles):
     """No other model server MUST be running or holding GPU memory before a recipe starts (the container a
     selected docker recipe replaces is not another: the launcher sets it aside, and counts its memory as free)."""
     if pytestconfig.option.sg_base_url:
         check.cannot_run("--base-url names a server that is meant to be running")
+    if host_facts.ps_error:
+        check.cannot_run(f"the host's processes could not be listed (ps -eww -o pid=,args=: {host_facts.ps_error})")
     replaced = {c.id: c.name for r in selected_recipes if (c := host_facts.container(r.container_name))}
     ours = {pid for pid, cid in host_facts.container_of.items() if cid in replaced}
     found = [f"pid {a.pid} {a.name} holds {a.used_mib} MiB" for a in host_facts.compute_apps if a.pid not in ours]
     found += [f"pid {p}" for p in host_facts.model_processes
               if int(p.split()[0]) not in ours and not any(f"pid {p.split()[0]} " in f for f in found)]
+    # Where a GPU is in play, a server may hold GPU memory under any name (python3): only nvidia-smi lists those.
+    gpu = host_facts.has_nvidia or any(profiles[r.profile].gpu for r in selected_recipes)
+    if not found and gpu and (host_facts.nvidia_smi is None or host_facts.nvidia_smi_error):
+        smi = (host_facts.nvidia_smi_error or "nvidia-smi is not installed").splitlines()[0]
+        check.cannot_run(f"no model server among the host's processes, but what holds GPU memory could not be listed "
+                         f"({smi}): HOST-NVIDIA-SMI says why")
     check.that(not found, expected="no model server running" + (
         f" (besides {', '.join(sorted(set(replaced.values())))}, which a recipe replaces)" if ours else ""),
                found="; ".join(found))
