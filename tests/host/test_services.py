@@ -18,13 +18,13 @@ def test_no_other_model_server_holds_memory(check, host_facts, pytestconfig, sel
     selected docker recipe replaces is not another: the launcher sets it aside, and counts its memory as free)."""
     if pytestconfig.option.sg_base_url:
         check.cannot_run("--base-url names a server that is meant to be running")
-    if host_facts.ps_error:
-        check.cannot_run(f"the host's processes could not be listed (ps -eww -o pid=,args=: {host_facts.ps_error})")
     replaced = {c.id: c.name for r in selected_recipes if (c := host_facts.container(r.container_name))}
     ours = {pid for pid, cid in host_facts.container_of.items() if cid in replaced}
     found = [f"pid {a.pid} {a.name} holds {a.used_mib} MiB" for a in host_facts.compute_apps if a.pid not in ours]
     found += [f"pid {p}" for p in host_facts.model_processes
               if int(p.split()[0]) not in ours and not any(f"pid {p.split()[0]} " in f for f in found)]
+    if not found and host_facts.ps_error:  # none found among processes never listed is no verdict
+        check.cannot_run(f"the host's processes could not be listed (ps -eww -o pid=,args=: {host_facts.ps_error})")
     # Where a GPU is in play, a server may hold GPU memory under any name (python3): only nvidia-smi lists those.
     gpu = host_facts.has_nvidia or any(profiles[r.profile].gpu for r in selected_recipes)
     if not found and gpu and (host_facts.nvidia_smi is None or host_facts.nvidia_smi_error):
