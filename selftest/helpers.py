@@ -1,7 +1,7 @@
 """What more than one self-test module uses: the repository's paths, the acceptance suite run through pytester,
 broken and moved copies of the embedded recipe, the embedded server's process group and a CPU quota to slow it,
-and the recording guard started as a process. conftest.py holds the hooks and fixtures; no module imports a test
-module or conftest.py for a helper.
+a small server process (serving_at), and the recording guard started as a process. conftest.py holds the hooks
+and fixtures; no module imports a test module or conftest.py for a helper.
 
 Importing it sets the self-tests up as conftest.py did (the shared cache, httpx imported fully), for the scripts
 run outside pytest too (`python -m selftest.false_alarms`, `python -m selftest.garbage.corpus`)."""
@@ -21,6 +21,8 @@ import yaml
 
 from sparkgate.hostfacts import parse_meminfo
 from sparkgate.recipes import RECIPES_DIR
+
+from .terminal import SUITE_PLUGINS
 
 # One cache for every suite the self-tests run (pytester gives each its own HOME, which would convert the
 # embedded weights and compile vLLM's graphs again in every run): the repository's, beside the test hosts'.
@@ -58,7 +60,7 @@ def run_suite(pytester, *args, timeout=1200):
     """The acceptance suite in a subprocess, run from the project root so report paths read tests/..."""
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(ROOT)
-        return pytester.runpytest_subprocess(TESTS, "-p", "no:cacheprovider", "-rA", *args, timeout=timeout)
+        return pytester.runpytest_subprocess(TESTS, *SUITE_PLUGINS, "-rA", *args, timeout=timeout)
 
 
 def sparkgate_cli(*args):
@@ -141,15 +143,42 @@ def cpu_quota(pids, cores):
         group.rmdir()
 
 
-# ---- the recording guard ---------------------------------------------------------------------------------
+# ---- small servers and the recording guard ---------------------------------------------------------------
+
+@contextlib.contextmanager
+def serving_at(argv: list[str], url: str, timeout: float = 120):
+    """A server process, answering at `url`, stopped however the tests end."""
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(url, timeout=2).status_code < 500:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise TimeoutError(f"{argv} not answering at {url}")
+            time.sleep(0.5)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
 
 GUARD_PORT = 18004
 
 
-def guard(upstream: str, out: Path, port: int = GUARD_PORT, cpu: int | None = None) -> subprocess.Popen:
+def guard(upstream: str, out: Path, port: int = GUARD_PORT, cpu: int | None = None, host: str = "127.0.0.1",
+          args: tuple[str, ...] = ()) -> subprocess.Popen:
+    """`sparkgate guard` listening on host:port (`args`: more of its options), once it answers."""
     preexec = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
-    proc = subprocess.Popen([sys.executable, "-m", "sparkgate.cli", "guard", "--listen", f"127.0.0.1:{port}",
-                             "--upstream", upstream, "--out", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "sparkgate.cli", "guard", "--listen", f"{host}:{port}",
+                             "--upstream", upstream, "--out", str(out), *args], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, preexec_fn=preexec)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

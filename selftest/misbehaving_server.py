@@ -9,6 +9,7 @@ suite turns each malformed answer into one clear failure of the running check, n
     key      /v1/* answers 401 without `Authorization: Bearer sparkgate-test-key` (vLLM's --api-key), then as list
     markup   /v1/models is fine; /version carries markup that runs script if a page renders it as HTML
     oddmsg   /v1/models is fine; a chat completion's `message` (streamed: its `delta`) is a string, not an object
+    garbage  /v1/models is fine; a chat completion's content is garbage (NUL bytes), for the recording guard to store
 
     python -m selftest.misbehaving_server PORT
 """
@@ -73,6 +74,9 @@ class Handler(BaseHTTPRequestHandler):
             return None
         if way == "oddmsg":
             return self._send(200, json.dumps({"choices": [{"message": "not an object"}]}).encode())
+        if way == "garbage":
+            return self._send(200, json.dumps({"choices": [{"message": {"role": "assistant",
+                                                                      "content": "Par\x00\x00is"}}]}).encode())
         if way in ("list", "key"):
             return self._send(200, json.dumps([{"message": {"content": "Paris"}}]).encode())
         if way == "badsse" and body.get("stream"):

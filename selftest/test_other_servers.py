@@ -7,15 +7,19 @@ never a traceback.
 - Servers that answer what a broken proxy or a half-compatible server answers (selftest/misbehaving_server.py):
   each malformed answer is one clear failure of the running check.
 - A server that wants an API key: one error at once without it, green with it.
+- The recording guard in front of these servers and the reference server (schedule_server.py): it changes no
+  answer, keeps small requests' pace while large and malformed bodies hit it, and, given a token, forwards only
+  what carries it (docs/SECURITY.md).
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
 import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,35 +28,12 @@ from sparkgate import embedded, sanity
 from sparkgate.guard import MAX_BODY, Recorder
 from sparkgate.results import Results
 
-from .helpers import ROOT, broken_recipe, guard, run_suite
-from .misbehaving_server import MARKUP, ODD_STREAM
+from .bench_guard import HEAVY, LATENCY_BUDGET_S, SCHEDULE_PORT, SMALL, describe, guarded, p95, under_load
+from .helpers import broken_recipe, guard, run_suite, serving_at
+from .misbehaving_server import KEY, MARKUP, ODD_STREAM
 
 LLAMA_PORT, ODD_PORT, ODD_GUARD_PORT = 18140, 18141, 18142
-
-
-@contextlib.contextmanager
-def serving_at(argv: list[str], url: str, timeout: float = 120):
-    """A server process, answering at `url`, stopped however the tests end."""
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if httpx.get(url, timeout=2).status_code < 500:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise TimeoutError(f"{argv} not answering at {url}")
-            time.sleep(0.5)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+TOKEN_GUARD_PORT = 18022  # the latency and token tests' reference server and guard: 18020, 18021 (bench_guard.py)
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +178,116 @@ def test_what_the_guard_stores_is_private_and_each_body_once(tmp_path):
     first, again = recorder.store(body, {"content": "x"}, finding), recorder.store(body, {"content": "x"}, finding)
     assert first == again and len(list((tmp_path / "repro").glob("*.json"))) == 1
     assert (first.stat().st_mode & 0o777, (tmp_path / "repro").stat().st_mode & 0o777) == (0o600, 0o700)
+
+
+def test_small_requests_keep_their_pace_while_large_and_malformed_bodies_hit_the_guard(tmp_path):
+    """In front of a real server that answers at once, while bodies just under the size limit, over it (with and
+    without a length) and malformed ones hit the guard together: every small request MUST be answered, 95% of them
+    within LATENCY_BUDGET_S, and each heavy body MUST get its own answer (200; 413; 502 when the upstream cannot
+    read it). Judging a body just under the limit takes seconds: on the event loop, every small request waits."""
+    with guarded(tmp_path / "repro") as (url, proc):
+        times, statuses = under_load(url, seconds=6)
+        proc.kill()
+        err = proc.stderr.read().decode()
+    assert statuses == {what: status for what, _, status in HEAVY}, statuses
+    assert p95(times) < LATENCY_BUDGET_S, describe(times)
+    assert "Traceback" not in err, err[-2000:]
+
+
+GUARD_TOKEN = "guard-token-5f2c9e81d7a4b360"  # the guard's own; the upstream's key is misbehaving_server.KEY
+
+
+def secret_file(where: Path, value: str, mode: int = 0o600) -> str:
+    path = where / f"secret-{len(list(where.glob('secret-*')))}"
+    path.write_text(value + "\n")
+    path.chmod(mode)
+    return str(path)
+
+
+def test_with_a_token_the_guard_listens_beyond_loopback_and_forwards_only_what_carries_it(tmp_path):
+    """On every address, with --token-file: a request without the token, or with anything else, MUST be a 401 with
+    one line that never reaches the upstream (so nothing of it is judged or stored); one that carries it MUST be
+    answered."""
+    def upstream_seen() -> int:  # the requests the reference server has answered
+        return len(httpx.get(f"http://127.0.0.1:{SCHEDULE_PORT}/", timeout=10).json())
+
+    wrong = [{}, {"authorization": f"Bearer {GUARD_TOKEN}x"}, {"authorization": f"Bearer {GUARD_TOKEN[:-1]}"},
+             {"authorization": f"Basic {GUARD_TOKEN}"}, {"authorization": GUARD_TOKEN},
+             {"authorization": "Bearer " + "0" * len(GUARD_TOKEN)}]
+    with guarded(tmp_path / "repro", "--token-file", secret_file(tmp_path, GUARD_TOKEN), host="0.0.0.0") as (url, _):
+        before = upstream_seen()
+        refused = [httpx.post(f"{url}/v1/chat/completions", json=SMALL, headers=h, timeout=30) for h in wrong]
+        refused.append(httpx.get(f"{url}/v1/models", timeout=30))
+        after_refused = upstream_seen()
+        carried = httpx.post(f"{url}/v1/chat/completions", json=SMALL, timeout=30,
+                             headers={"authorization": f"bearer {GUARD_TOKEN}"})
+        after_carried = upstream_seen()
+    for answer in refused:
+        assert answer.status_code == 401, (answer.request.headers, answer.status_code, answer.text)
+        assert answer.text == "sparkgate guard: this guard wants its token: send `Authorization: Bearer <token>`\n"
+    assert after_refused == before, "a request without the guard's token reached the upstream"
+    assert carried.status_code == 200 and after_carried == before + 1, (carried.status_code, carried.text[:300])
+
+
+def test_the_guards_token_never_goes_upstream_and_the_upstreams_key_is_the_guards_to_send(odd, tmp_path):
+    """The upstream wants `Bearer KEY` (vLLM's --api-key). A guard whose own token is that very string MUST take it
+    off before forwarding (the upstream refuses); given --upstream-key-file, the guard MUST send the key in place of
+    its token (the upstream answers); with neither, a client's own Authorization MUST go through as sent."""
+    cases = [(("--token-file", secret_file(tmp_path, KEY)), KEY, 401),
+             (("--token-file", secret_file(tmp_path, GUARD_TOKEN), "--upstream-key-file", secret_file(tmp_path, KEY)),
+              GUARD_TOKEN, 200),
+             ((), KEY, 200)]
+    for args, sent, status in cases:
+        proc = guard(f"{odd}/key", tmp_path / "repro", port=TOKEN_GUARD_PORT, args=args)
+        try:
+            answer = httpx.post(f"http://127.0.0.1:{TOKEN_GUARD_PORT}/v1/chat/completions", timeout=30,
+                                json={"model": "m", "messages": []}, headers={"authorization": f"Bearer {sent}"})
+        finally:
+            proc.terminate()
+            proc.wait(10)
+        assert answer.status_code == status, (args, answer.status_code, answer.text)
+        if status == 401:  # the upstream's refusal, not the guard's
+            assert answer.json() == {"error": "Unauthorized"}, answer.text
+
+
+@pytest.mark.parametrize(("listen", "token", "mode", "words"), [
+    ("0.0.0.0:18024", None, 0, "--listen 0.0.0.0:18024 can be reached from other machines and this guard has no "
+                               "token"),
+    ("spark01.example:18024", None, 0, "can be reached from other machines and this guard has no token"),
+    ("0.0.0.0:18024", GUARD_TOKEN, 0o644, "is open to other users (mode 644): chmod 600"),
+    ("127.0.0.1:18024", "short", 0o600, "must hold one line of at least 16 visible ASCII characters"),
+], ids=["any-address", "a-name", "token-others-read", "token-too-short"])
+def test_a_guard_anyone_could_reach_or_with_a_weak_token_is_refused_at_start(tmp_path, listen, token, mode, words):
+    """Beyond loopback without a token, or with a token file others can read or a short token: the guard MUST exit 2
+    with one line saying what to do, before it listens or makes its folder."""
+    args = ["--token-file", secret_file(tmp_path, token, mode)] if token else []
+    result = subprocess.run([sys.executable, "-m", "sparkgate.cli", "guard", "--listen", listen, "--upstream",
+                             "http://127.0.0.1:9", "--out", str(tmp_path / "repro"), *args], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and words in result.stderr, result.stderr
+    assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "repro").exists(), result.stderr
+    if token is None:
+        assert "Give --token-file FILE" in result.stderr and "or listen on 127.0.0.1" in result.stderr
+
+
+def test_the_guards_token_and_the_upstreams_key_are_masked_in_what_it_stores(odd, tmp_path):
+    """An answer that is garbage makes the guard store its request: where a client pasted the guard's token and the
+    upstream's key into the prompt, neither MUST show in the stored body or beside it, and the body MUST parse."""
+    out = tmp_path / "repro"
+    proc = guard(f"{odd}/garbage", out, port=TOKEN_GUARD_PORT, args=(
+        "--token-file", secret_file(tmp_path, GUARD_TOKEN), "--upstream-key-file", secret_file(tmp_path, KEY)))
+    try:
+        answer = httpx.post(f"http://127.0.0.1:{TOKEN_GUARD_PORT}/v1/chat/completions", timeout=30,
+                            headers={"authorization": f"Bearer {GUARD_TOKEN}"},
+                            json={"model": "m", "messages": [{"role": "user", "content": f"{GUARD_TOKEN} and {KEY}"}]})
+        deadline = time.monotonic() + 30  # stored after the answer, by the judging process
+        while not list(out.glob("*.json")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert answer.status_code == 200, answer.text
+    [body] = list(out.glob("*.json"))
+    text = body.read_text() + body.with_suffix(".meta").read_text()
+    assert GUARD_TOKEN not in text and KEY not in text, text
+    assert json.loads(body.read_text())["messages"][0]["content"] == "*** and ***", text

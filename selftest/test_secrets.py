@@ -3,12 +3,15 @@ output, HTML report, results file or `recipes show`; and a server started with -
 
 The planted recipe is the embedded default with a token in its env and an API key in its serve args, served for
 real by vLLM (which then refuses requests without the key), so the model-server listing of the host facts and
-the host layer's competing-server message see the key in a real process's argv.
+the host layer's competing-server message see the key in a real process's argv. The awkward recipes (a process one
+and a docker one, never started) carry secrets holding what breaks quoting, escaping and shells.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,27 +19,45 @@ import yaml
 from sparkgate.launch import serving
 from sparkgate.recipes import RECIPES_DIR, load_profiles, load_recipes
 
-from .helpers import local_mem_available, run_suite, sparkgate_cli
+from .helpers import local_mem_available, move_port, run_suite, sparkgate_cli
 
 PORT = 18150
 TOKEN, KEY, PASSWORD = "hf_plantedToken0123456789abcdefgh", "planted-api-key-9876", "s3cret-planted-pw"
+# Quotes, a backslash, markup, spaces and a command substitution: nothing of them may show, not even a part.
+AWKWARD_ENV = {"HF_TOKEN": """Aw1k"Rd9q'Zx4m\\Pt7v &<>" $(Hy6j) `Lc2n`""",
+               "DB_PASSWORD": """Pw8s d0 "q'\\ &amp; $(Vn5b)"""}
+AWKWARD_KEY = """Kq2w' "Ly5n\\ &<>" $(Mj3p) Hb8c"""
+
+
+def plant(where: Path, base: str, name: str, env: dict[str, str], key: str, port: int | None = None) -> None:
+    """A copy of the shipped recipe `base` in `where`, named `name`, with `env` added, `--api-key key` after its
+    serve args and, if given, serving on `port`."""
+    where.mkdir(exist_ok=True)
+    data = yaml.safe_load((RECIPES_DIR / f"{base}.yaml").read_text())
+    data["name"], data["env"] = name, {**data.get("env", {}), **env}
+    if port is not None:
+        move_port(data, port)
+    data["serve_args"] = [*data["serve_args"], "--api-key", key]
+    (where / f"{name}.yaml").write_text(yaml.safe_dump(data))
 
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     """A recipes folder with the planted recipe, and its server running."""
     d = tmp_path_factory.mktemp("planted") / "recipes"
-    d.mkdir()
-    data = yaml.safe_load((RECIPES_DIR / "smollm2-cpu.yaml").read_text())
-    data["name"], data["port"] = "planted", PORT
-    args = data["serve_args"]
-    args[args.index("--port") + 1] = str(PORT)
-    data["serve_args"] = [*args, "--api-key", KEY]
-    data["env"] = {**data.get("env", {}), "HF_TOKEN": TOKEN, "DB_PASSWORD": PASSWORD}
-    (d / "planted.yaml").write_text(yaml.safe_dump(data))
+    plant(d, "smollm2-cpu", "planted", {"HF_TOKEN": TOKEN, "DB_PASSWORD": PASSWORD}, KEY, PORT)
     recipe = load_recipes(d)["planted"]
     with serving(recipe, load_profiles()["cpu"], local_mem_available, print, 600) as srv:
         yield d, srv
+
+
+@pytest.fixture(scope="module")
+def awkward(tmp_path_factory):
+    """A recipes folder with a process recipe and a docker recipe carrying the awkward secrets (never started)."""
+    d = tmp_path_factory.mktemp("awkward") / "recipes"
+    plant(d, "smollm2-cpu", "awkward-process", AWKWARD_ENV, AWKWARD_KEY)
+    plant(d, "qwen38-27b-nvfp4", "awkward-docker", AWKWARD_ENV, AWKWARD_KEY)
+    return d
 
 
 def no_secret(where: str, text: str) -> None:
@@ -49,6 +70,16 @@ def test_recipes_show_masks_the_planted_secrets(planted):
     out = sparkgate_cli("recipes", "show", "planted", "--recipes-dir", str(recipes))
     no_secret("recipes show", out)
     assert "HF_TOKEN=***" in out and "--api-key ***" in out, out
+
+
+@pytest.mark.parametrize("name", ["awkward-process", "awkward-docker"])
+def test_recipes_show_prints_no_part_of_a_secret_holding_quotes_markup_or_a_command(awkward, name):
+    """Every run of four letters or digits of each secret is a part that MUST NOT show; where each was, `***`."""
+    out = sparkgate_cli("recipes", "show", name, "--recipes-dir", str(awkward))
+    shown = [part for value in (*AWKWARD_ENV.values(), AWKWARD_KEY) for part in re.findall(r"[A-Za-z0-9]{4,}", value)
+             if part in out]
+    assert not shown, (shown, out)
+    assert "HF_TOKEN=***" in out and "DB_PASSWORD=***" in out and "--api-key ***" in out, out
 
 
 def test_a_server_with_an_api_key_is_tested_with_it_and_no_output_carries_a_secret(pytester, tmp_path, planted):

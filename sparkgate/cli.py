@@ -9,9 +9,10 @@
   sparkgate compare BASE CAND       every figure and check of two results files side by side; exit 1 on a regression
   sparkgate table FILE...           many results files as one table (md, csv, html, llama-benchy's csv or json)
   sparkgate validate FILE...        schema, completeness and method versions of results files, before submitting
-  sparkgate guard --listen ADDR --upstream URL --out DIR
+  sparkgate guard --listen ADDR --upstream URL --out DIR [--token-file FILE]
                                     a recording guard in front of a production server: stores the request bodies
-                                    that produced garbage, for SERVE-REPRO to replay (--repro-dir DIR)
+                                    that produced garbage, for SERVE-REPRO to replay (--repro-dir DIR); a token
+                                    (Authorization: Bearer) is needed to listen anywhere but loopback
 
 Exit status of `sparkgate run`: 0 every check that ran passed, 1 a check failed or errored, 2 a usage error (a bad
 option, recipe or profile; an unreachable host; a host in use by another run), 3 nothing ran (every selected check
@@ -202,13 +203,19 @@ def main(argv: list[str] | None = None) -> int:
                        help="where clients connect instead of the server (default 127.0.0.1:8001)")
     guard.add_argument("--upstream", required=True, metavar="URL", help="the server, e.g. http://127.0.0.1:8000")
     guard.add_argument("--out", required=True, metavar="DIR", help="where repro bodies are stored")
+    guard.add_argument("--token-file", type=Path, default=None, metavar="FILE",
+                       help="a file (mode 0600) holding the guard's token: every request must carry "
+                            "`Authorization: Bearer <token>`; needed to listen anywhere but loopback")
+    guard.add_argument("--upstream-key-file", type=Path, default=None, metavar="FILE",
+                       help="a file (mode 0600) holding the key the upstream wants (vLLM's --api-key), sent by "
+                            "the guard in place of whatever Authorization a client sent")
     args = parser.parse_args(argv)
     if args.cmd == "guard":
         from .guard import serve
 
         try:
-            serve(args.listen, args.upstream, Path(args.out).expanduser())
-        except ValueError as exc:  # a --out folder that is not the user's own
+            serve(args.listen, args.upstream, Path(args.out).expanduser(), args.token_file, args.upstream_key_file)
+        except ValueError as exc:  # a --out folder not the user's own, no token off loopback, a bad secret file
             print(f"sparkgate guard: {exc}", file=sys.stderr)
             return 2
         return 0
