@@ -22,12 +22,12 @@ from sparkgate.levels import LEVELS
 from sparkgate.reporting import what_ran
 from sparkgate.results import Results
 
-from .helpers import ROOT, TESTS
+from .helpers import ROOT, SUITE_PLUGINS, TESTS
 
 
 def one_run(level: str, results: Path) -> tuple[float, int]:
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", TESTS, "-p", "no:cacheprovider", "-q", f"--level={level}",
+    proc = subprocess.run([sys.executable, "-m", "pytest", TESTS, *SUITE_PLUGINS, "-q", f"--level={level}",
                            f"--results-json={results}", f"--html={results.with_suffix('.html')}",
                            "--self-contained-html"], cwd=ROOT, capture_output=True, text=True)
     return time.monotonic() - start, proc.returncode

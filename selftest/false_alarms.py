@@ -23,7 +23,7 @@ from sparkgate.launch import serving
 from sparkgate.recipes import load_profiles, load_recipes
 from sparkgate.results import Results, load
 
-from .helpers import embedded_recipe_dir
+from .helpers import SUITE_PLUGINS, embedded_recipe_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 # Every check whose figures a gate tests (two or more repetitions); the capacity sweep's are one round per level.
@@ -62,7 +62,7 @@ def measure(runs: int, port: int) -> list[Results]:
     with serving(recipe, load_profiles()["cpu"], mem, print, 600) as srv:
         for i in range(runs):
             path = work / f"run{i}.json"
-            run = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "tests"), "-q", "-p", "no:cacheprovider",
+            run = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "tests"), "-q", *SUITE_PLUGINS,
                                   "-m", "perf", "--recipe=smollm2-cpu", f"--base-url={srv.base_url}", "-k", SELECTION,
                                   f"--results-json={path}"], cwd=ROOT, capture_output=True, text=True)
             print(f"run {i + 1}/{runs}: exit {run.returncode}, {path}", flush=True)

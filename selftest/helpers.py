@@ -22,6 +22,8 @@ import yaml
 from sparkgate.hostfacts import parse_meminfo
 from sparkgate.recipes import RECIPES_DIR
 
+from .terminal import SUITE_PLUGINS
+
 # One cache for every suite the self-tests run (pytester gives each its own HOME, which would convert the
 # embedded weights and compile vLLM's graphs again in every run): the repository's, beside the test hosts'.
 os.environ.setdefault("SPARKGATE_CACHE", str(Path(__file__).resolve().parent.parent / ".cache"))
@@ -58,7 +60,7 @@ def run_suite(pytester, *args, timeout=1200):
     """The acceptance suite in a subprocess, run from the project root so report paths read tests/..."""
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(ROOT)
-        return pytester.runpytest_subprocess(TESTS, "-p", "no:cacheprovider", "-rA", *args, timeout=timeout)
+        return pytester.runpytest_subprocess(TESTS, *SUITE_PLUGINS, "-rA", *args, timeout=timeout)
 
 
 def sparkgate_cli(*args):

@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Every run of the acceptance suite the self-tests start: neither pytest's cache nor Hypothesis' plugin (which
+# pytest loads by its entry point, and which costs a second or more of import in each of about a hundred runs).
+SUITE_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
 
 
 def _controlling_terminal() -> None:
@@ -29,7 +32,7 @@ def _controlling_terminal() -> None:
 class Terminal:
     def __init__(self, *pytest_args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> None:
         self.master, slave = pty.openpty()
-        argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", *pytest_args]
+        argv = [sys.executable, "-m", "pytest", *SUITE_PLUGINS, "--color=no", *pytest_args]
         self.proc = subprocess.Popen(argv, cwd=cwd, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
                                      start_new_session=True, preexec_fn=_controlling_terminal,
                                      env={**os.environ, "COLUMNS": "200", **(env or {})})

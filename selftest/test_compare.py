@@ -28,7 +28,7 @@ from sparkgate.results import Measurement
 from sparkgate.table import read_llama_benchy
 from sparkgate.workloads import FILLER
 
-from .helpers import ARTIFACTS, ROOT, TESTS, cpu_quota, server_group
+from .helpers import ARTIFACTS, ROOT, SUITE_PLUGINS, TESTS, cpu_quota, server_group
 
 # The figures an upgrade gate holds most dearly, each over several requests: about a minute a run here (quick).
 SELECTION = "forced or decode_under_concurrency"
@@ -47,7 +47,7 @@ def suite(srv, results, *args):
     """The perf checks of SELECTION against `srv`, as an operator runs them, their results kept in `results`: at the
     quick level, whose 3 repetitions a side see the slowed engine (at least twice as slow) at p < 0.01; how often
     the standard level's gate cries wolf is measured apart (selftest.false_alarms, README)."""
-    return subprocess.run([sys.executable, "-m", "pytest", TESTS, "-p", "no:cacheprovider", "-rA", "-s", "-m", "perf",
+    return subprocess.run([sys.executable, "-m", "pytest", TESTS, *SUITE_PLUGINS, "-rA", "-s", "-m", "perf",
                            "--level=quick", "--recipe=smollm2-cpu", f"--base-url={srv.base_url}", "-k", SELECTION,
                            f"--results-json={results}", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=1200)
@@ -181,7 +181,7 @@ def test_figures_of_two_levels_are_never_compared_as_like_for_like(runs, tmp_pat
     result = cli("compare", runs["before"][0], extended)
     assert result.returncode == 2
     assert "the baseline ran at --level quick and the candidate at --level extended" in result.stderr
-    gate = subprocess.run([sys.executable, "-m", "pytest", TESTS, "-p", "no:cacheprovider", "--collect-only", "-q",
+    gate = subprocess.run([sys.executable, "-m", "pytest", TESTS, *SUITE_PLUGINS, "--collect-only", "-q",
                            f"--baseline={extended}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert gate.returncode == pytest.ExitCode.USAGE_ERROR
     assert f"--baseline {extended} was measured at --level extended and this run is at --level standard" in gate.stderr
