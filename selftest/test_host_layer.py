@@ -12,11 +12,12 @@ import pytest
 
 from selftest.testhost.spark01 import CANONICAL_SIGNER, HostSpec, TestHost
 
-from .helpers import broken_recipe, run_suite
+from .helpers import ROOT, broken_recipe, run_suite
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs root (network namespaces)")
 NEXT = "6.17.0-1031-nvidia"  # a newer kernel an upgrade installed: GRUB boots it next
 DOCKER = "not docker_engine"  # spark01 runs no engine: HOST-DOCKER is red here, green in test_container_layer
+SMALL_DISK = 'mkdir -p "$1/root/.cache" && mount -t tmpfs -o size=64m tmpfs "$1/root/.cache"'  # the model cache
 
 
 def host_layer(pytester, host, *args):
@@ -51,9 +52,13 @@ VARIANTS = {
                                 "*found:    module 590.48 loaded*Driver/library version mismatch*"]),
     "module-file-other-version": (HostSpec(module_version="590.48"), "HOST-MODULE-FILE",
                                   ["*expected: nvidia.ko version 595.84*", "*version 590.48*"]),
-    "module-not-loaded": (HostSpec(module_loaded=False), "HOST-NVIDIA-SMI", ["*found:    NVIDIA-SMI has failed*"]),
+    "module-not-loaded": (HostSpec(module_loaded=False), "HOST-NVIDIA-SMI", [
+        "*found:    NVIDIA-SMI has failed*", "SKIPPED*[[]HOST-NO-COMPETITOR[]] could not run: no model server among "
+        "the host's processes, but what holds GPU memory could not be listed (NVIDIA-SMI has failed*"]),
     "no-fallback-kernel": (HostSpec(fallback_kernels=[]), "HOST-FALLBACK-KERNEL",
-                           ["*found:    installed: 6.17.0-1029-nvidia*"]),
+                           ["*found:    installed: 6.17.0-1029-nvidia*",
+                            "SKIPPED*[[]HOST-FALLBACK-MODULES[]] could not run: no nvidia.ko of another bootable "
+                            "kernel found in /lib/modules for the other kernels in /boot (none;*"]),
     "no-initramfs": (HostSpec(kernels_without_initramfs=["6.17.0-1029-nvidia"]), "HOST-INITRAMFS",
                      ["*found:    no /boot/initrd.img-6.17.0-1029-nvidia (running, the next boot*",
                       "*update-initramfs -c -k 6.17.0-1029-nvidia*"]),
@@ -88,9 +93,8 @@ VARIANTS = {
                                                    other_kernel_modules={"6.17.0-1008-nvidia": None}), "", []),
     "driver-at-exactly-the-minimum": (HostSpec(driver_version="590.48.01"), "", []),
     "less-total-memory": (HostSpec(mem_total_kb=64 * 1024**2, mem_available_kb=60 * 1024**2), None, []),
-    "small-model-cache-disk": (HostSpec(setup_hook='mkdir -p "$1/root/.cache" && '
-                                                   'mount -t tmpfs -o size=1g tmpfs "$1/root/.cache"'),
-                               "HOST-DISK-FREE", ["*expected: >= 41 GiB (qwen3-coder-next-int4)*", "*/root/.cache*"]),
+    "small-model-cache-disk": (HostSpec(setup_hook=SMALL_DISK), "HOST-DISK-FREE",
+                               ["*expected: >= 41 GiB (qwen3-coder-next-int4)*", "*/root/.cache*"]),
 }
 
 
@@ -130,3 +134,61 @@ def test_a_host_without_docker_fails_the_docker_check_for_docker_recipes(pyteste
     assert failed == ["HOST-DOCKER"]
     result.stdout.fnmatch_lines(["*expected: docker engine reachable by root (for qwen3-coder-next-int4, *",
                                  "*engine unreachable: docker CLI not installed*"])
+
+
+# ---- no check passes on nothing: an "every X" check over no X could not run --------------------------------------
+
+HOST_CHECKS = re.findall(r"^\| `(HOST-[A-Z-]+)` \| host \|", (ROOT / "docs" / "CHECKS.md").read_text(), re.M)
+SKIPPED = re.compile(r"^SKIPPED \[\d+\] \S+ \[(HOST-[A-Z-]+)\] could not run", re.M)
+
+
+def outcomes_by_check(result):
+    """HOST-* ID -> failed / could not run (from its failure message and the -rA summary), and how many passed."""
+    out = result.stdout.str()
+    found = {i: "failed" for i in re.findall(r"^\[(HOST-[A-Z-]+)\] ", out, re.M)}
+    found |= {i: "could not run" for i in SKIPPED.findall(out)}
+    return found, len(re.findall(r"^PASSED tests/host/", out, re.M))
+
+
+# A host with nothing of a Spark: another architecture than the profile's, no kernel in /boot, dpkg or /lib/modules,
+# no GPU, driver, loaded module or mokutil, no ps, 1 GiB of memory, a 64 MiB model cache, no docker engine.
+EMPTY = HostSpec(arch="x86_64", kernel_installed=False, fallback_kernels=[], driver_version=None, module_loaded=False,
+                 secure_boot=None, mem_total_kb=1024**2, mem_available_kb=512 * 1024,
+                 setup_hook=f'{SMALL_DISK} && rm "$1/usr/bin/ps"')
+EVERY_X = {  # the checks over a set, and what each found none of
+    "HOST-INITRAMFS": "no bootable kernel found in /boot (vmlinuz-*)",
+    "HOST-BOOT-MODULE": "no bootable kernel found in /boot (vmlinuz-*)",
+    "HOST-DPKG": "no linux or nvidia package found in dpkg's database*",
+    "HOST-NO-COMPETITOR": "the host's processes could not be listed (ps -eww -o pid=,args=: *not found)",
+}
+
+
+def test_an_empty_host_passes_no_host_check(pytester):
+    """Held to gb10 (as the H200 VM was), a host with nothing passes nothing: each check fails or could not run, and
+    each check over a set (kernels, packages, processes) could not run, saying what it found none of and where."""
+    with TestHost(EMPTY) as host:
+        result, _ = host_layer(pytester, host, "--profile=gb10")
+    found, passed = outcomes_by_check(result)
+    out = result.stdout.str()
+    assert passed == 0 and "passed" not in result.parseoutcomes(), out[-6000:]
+    assert sorted(found) == sorted(HOST_CHECKS), out[-6000:]  # each one failed or could not run, by its own ID
+    assert {k: found[k] for k in EVERY_X} == dict.fromkeys(EVERY_X, "could not run"), out[-6000:]
+    result.stdout.fnmatch_lines_random([f"SKIPPED*[[]{k}[]] could not run: {why}" for k, why in EVERY_X.items()])
+
+
+def test_a_gpu_box_whose_boot_lists_no_kernel_judges_no_kernel(pytester):
+    """The H200 VM's case (shared/hosts/h200-vm/host-layer-2026-12-01: HOST-INITRAMFS passed on a /boot with no
+    kernel): GPU, driver, Secure Boot and modinfo all there, but no kernel installed. Every check over the bootable
+    kernels or their modules could not run; the ones that look for one kernel or module fail."""
+    with TestHost(HostSpec(kernel_installed=False, fallback_kernels=[])) as host:
+        result, _ = host_layer(pytester, host, "-k", DOCKER)
+    found, _ = outcomes_by_check(result)
+    every = ("HOST-INITRAMFS", "HOST-BOOT-MODULE", "HOST-MODULE-FILE", "HOST-FALLBACK-MODULES")
+    assert {k: found.get(k) for k in every} == dict.fromkeys(every, "could not run"), result.stdout.str()[-6000:]
+    assert sorted(k for k, v in found.items() if v == "failed") == ["HOST-FALLBACK-KERNEL", "HOST-MODULE-SIGNED"]
+    result.stdout.fnmatch_lines_random([
+        "SKIPPED*[[]HOST-INITRAMFS[]] could not run: no bootable kernel found in /boot (vmlinuz-*)",
+        "SKIPPED*[[]HOST-MODULE-FILE[]] could not run: no nvidia.ko of a bootable kernel found in /lib/modules for "
+        "the kernels in /boot (none; HOST-BOOT-MODULE says which lack one)",
+        "*found:    installed: none found (dpkg, /boot)*",
+        "*found:    no nvidia.ko under /lib/modules/6.17.0-1029-nvidia*"])

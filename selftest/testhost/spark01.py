@@ -95,6 +95,9 @@ class HostSpec:
 
     arch: str = "aarch64"  # uname -m
     kernel: str = "6.17.0-1029-nvidia"  # the running kernel: uname -r, /proc/version
+    # False: the running kernel is not installed (no /boot/vmlinuz-*, dpkg entry or /lib/modules for it), as in a VM
+    # booted from a kernel image outside it: the H200 VM's /boot listed no kernel at all.
+    kernel_installed: bool = True
     fallback_kernels: list[str] = field(default_factory=lambda: ["6.17.0-1008-nvidia"])  # also installed
     # Installed and newer than the running kernel: GRUB's default (GRUB_DEFAULT=0) boots the newest next.
     newer_kernels: list[str] = field(default_factory=list)
@@ -149,15 +152,15 @@ class HostSpec:
     @property
     def kernels(self) -> list[str]:
         """Every installed kernel."""
-        return [self.kernel, *self.fallback_kernels, *self.newer_kernels]
+        return [*([self.kernel] if self.kernel_installed else []), *self.fallback_kernels, *self.newer_kernels]
 
     def modules(self) -> dict[str, str | None]:
-        """kernel -> signer of its nvidia.ko (None: unsigned), for every kernel that has one."""
+        """kernel -> signer of its nvidia.ko (None: unsigned), for every installed kernel that has one."""
         others = self.other_kernel_modules
         if others is None:
             others = {k: CANONICAL_SIGNER for k in [*self.fallback_kernels, *self.newer_kernels]}
         found = {**others, self.kernel: self.module_signer}
-        return {k: v for k, v in found.items() if k not in self.kernels_without_module}
+        return {k: v for k, v in found.items() if k in self.kernels and k not in self.kernels_without_module}
 
 
 def cache_dir() -> Path:
@@ -564,8 +567,9 @@ class TestHost:
         # GRUB boots its first entry, the newest kernel, and /boot/vmlinuz points there (as on Ubuntu).
         upper.write("etc/default/grub", 'GRUB_DEFAULT=0\nGRUB_TIMEOUT_STYLE=hidden\nGRUB_TIMEOUT=0\n'
                     'GRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\n')
-        newest = max(spec.kernels, key=lambda k: tuple(int(p) for p in re.findall(r"\d+", k)))
-        upper.path("boot/vmlinuz").symlink_to(f"vmlinuz-{newest}")
+        if spec.kernels:
+            newest = max(spec.kernels, key=lambda k: tuple(int(p) for p in re.findall(r"\d+", k)))
+            upper.path("boot/vmlinuz").symlink_to(f"vmlinuz-{newest}")
 
         # The loaded module (sys stays a plain directory), and the files hostinit.sh binds over /proc.
         proc = self.rundir / "proc"
