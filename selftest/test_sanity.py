@@ -116,3 +116,114 @@ def test_a_loop_of_punctuation_among_words_is_repetition_but_a_rule_line_is_not(
 def test_a_special_token_quoted_as_code_is_talked_about_not_leaked():
     assert sanity.scan("The parser turns the model's `<tool_call>` block into tool_calls[].") == []
     assert [f.kind for f in sanity.scan("Sure. <tool_call> get_weather")] == ["special-token"]
+
+
+# Punctuation noise: what a model whose logits went NaN answers greedily when its token 0 is "!" (served for real:
+# selftest/garbage/corpus.py's nan-logits), and a broken MoE kernel's "!!!!!!!" and Unicode noise (NVIDIA/cutlass#3227).
+PUNCTUATION_NOISE = ["!" * 80, "The capital of France is" + "!" * 30, ",,,,,,,,,,,,", "? ? ? ? ? ? ? ? ? ?",
+                     "!\n!\n!\n!\n!\n!\n!\n!\n!", "⁇⁇⁇⁇⁇⁇⁇⁇⁇⁇", "A compiler ¿¡§¶¤¿¡§¶¤ translates"]
+# Punctuation that is layout, code or emphasis, never noise.
+PUNCTUATION_CLEAN = ["-" * 60, "| a | b |\n|:---|---:|\n| 1 | 2 |", "Wait... what?! Really?!", "Yes!!!",
+                     "Chapter 1 ................................ 5", "* * *", "~~~~~~~~\nResults", "████████░░ 80%",
+                     "src/\n├── a.py\n└── b.py", '{"a": {"b": [{"c": {"d": [[1]]}}]}}', "x = !!flag && !(a || b);",
+                     "```\n!!!!!!!!!!!!!!!!!!!!\n```", "Happy birthday! 🎉🎂🎈🎁🥳🎊🎉🎂", "⠓⠑⠇⠇⠕ ⠺⠕⠗⠇⠙ ⠓⠑⠇⠇⠕",
+                     "name,email,,,notes", '["", "", "", "", "", "", "", "", "", "", ""]',
+                     "///////////////////////\n// Networking\n///////////////////////"]
+
+
+@pytest.mark.parametrize("text", PUNCTUATION_NOISE)
+def test_a_run_of_punctuation_noise_is_flagged_once_as_punctuation(text):
+    findings = sanity.scan(text, "Answer the question.")
+    assert [f.kind for f in findings] == ["punctuation"], findings
+    assert "punctuation noise" in findings[0].what and "NaN logits" in findings[0].what
+
+
+@pytest.mark.parametrize("text", PUNCTUATION_CLEAN)
+def test_rules_tables_leaders_bars_code_and_emphasis_are_not_punctuation_noise(text):
+    assert sanity.scan(text, "Answer the question.") == []
+
+
+# A detokenizer that did not run, as vLLM served the embedded default with its tokenizer's decoder removed (no-decoder)
+# or replaced by SentencePiece's (sentencepiece-decoder), and SentencePiece's own marker.
+BPE_MARKED = ["The Ġcapital Ġof ĠFrance Ġis ĠParis . Ċ It Ġhas Ġ 2 Ġmillion Ġpeople .",
+              " 1 . ĠBan ana Ċ 2 . ĠApple Ċ 3 . ĠGra pe fruit",  # no-decoder's three fruits, verbatim
+              "TheĠcapitalĠofĠFranceĠisĠParis.ĊItĠhasĠ2ĠmillionĠpeople.",
+              "▁The▁sky▁looks▁blue▁because▁air▁scatters▁blue▁light."]
+# The same characters, quoted or in words of their own, or drawing a chart.
+BPE_CLEAN = ["GPT-2 writes a leading space as Ġ and a newline as Ċ, so ' hello' is the one token Ġhello.",
+             "SentencePiece turns 'new york' into ▁new and ▁york, and back again when it decodes.",
+             "Ġorġ Borg Olivier led Malta to independence; Maltese writes ġ and ċ with a dot.",
+             "Requests per hour: ▁▁▂▁▁▃▁▁▅▇█▇▅▃▂▁▁", "Print the tokens: `['ĠThe', 'Ġcat', 'Ġsat', 'Ġdown']`."]
+
+
+@pytest.mark.parametrize("text", BPE_MARKED)
+def test_tokenizer_markers_left_on_the_words_are_flagged(text):
+    findings = sanity.scan(text, "What is the capital of France?")
+    assert [f.kind for f in findings] == ["bpe-marker"], findings
+    assert "detokenizer" in findings[0].what
+
+
+@pytest.mark.parametrize("text", BPE_CLEAN)
+def test_a_marker_quoted_named_or_charted_is_not_a_tokenizer_leak(text):
+    assert sanity.scan(text, "Explain tokenizers.") == []
+
+
+# Real words in no grammatical order (none of the short words every sentence holds).
+WORD_SALAD = ("window seventeen quietly elephant distribute bright kitchen however orange sleeping governments purple "
+              "mountain carefully ancient river telephone yesterday happily engine green")
+# Word lists, headline bullets, keywords and noun-heavy prose: few function words, and no salad.
+FEW_FUNCTION_WORDS = [
+    "- Faster cold start times\n- Lower memory usage overall\n- Clearer error messages everywhere\n- New plugin system",
+    "python, packaging, pyproject, wheels, sdist, setuptools, hatch, poetry, versioning, dependencies, virtualenv",
+    "Compact aluminium body. Twelve-hour battery life. Dual-band wireless networking. Backlit keyboard with "
+    "adjustable brightness. Fast charging via USB-C. Two-year limited warranty.",
+    "Flour\nMilk\nEggs\nButter\nSugar\nBaking powder\nSalt\nMaple syrup\nFresh blueberries\nWhipped cream",
+]
+
+
+def test_real_words_in_no_grammatical_order_are_word_salad():
+    findings = sanity.scan(WORD_SALAD, "Explain what an API is.")
+    assert [f.kind for f in findings] == ["word-salad"] and "no grammatical order" in findings[0].what
+
+
+@pytest.mark.parametrize("text", FEW_FUNCTION_WORDS)
+def test_lists_bullets_keywords_and_terse_prose_are_not_word_salad(text):
+    assert sanity.scan(text, "Answer the question.") == []
+
+
+@pytest.mark.parametrize(("prompt", "answer"), [
+    ("Translate 'Where is the station?' into Japanese.", "駅はどこですか？"),
+    ("How do you say thank you in Hebrew?", "In Hebrew, thank you is תודה (toda)."),
+    ("Answer in Russian, please: what is the capital of Russia?", "Столица России: Москва."),
+    ("What is the Korean for 'see you tomorrow'?", "내일 봐요."),
+    ("Write 'peace' in Arabic and in Chinese.", "Arabic: سلام. Chinese: 和平."),
+])
+def test_a_script_the_request_asks_for_by_language_is_allowed(prompt, answer):
+    assert sanity.scan(answer, prompt) == []
+    assert [f.kind for f in sanity.scan(answer, "Answer the question.")] and all(
+        f.kind == "script" for f in sanity.scan(answer, "Answer the question."))
+
+
+@pytest.mark.parametrize(("prompt", "answer", "foreign"), [
+    ("Translate 'thank you' into Japanese.", "ありがとう שלום", "Hebrew"),
+    ("How do you say hello in Korean?", "안녕하세요 压力优化", "CJK"),
+    ("Translate 'good night' into Spanish.", "Buenas noches. Спокойной ночи.", "Cyrillic"),
+])
+def test_a_script_nobody_asked_for_is_still_flagged(prompt, answer, foreign):
+    findings = sanity.scan(answer, prompt)
+    assert [f.kind for f in findings] == ["script"] and foreign in findings[0].what
+
+
+FINNISH = "Tänään on ihana sää, joten kävelemme lounaan jälkeen järvelle ja uimme hetken."
+
+
+def test_words_of_a_language_the_request_asks_for_are_words():
+    assert [f.kind for f in sanity.scan(FINNISH, "What is the weather like?")] == ["salad"]
+    assert sanity.scan(FINNISH, "Say it in Finnish: the weather is lovely, we walk to the lake and swim.") == []
+    assert sanity.scan(FINNISH, "Mikä sää tänään on, ja mitä teemme lounaan jälkeen?") == []  # asked in it
+
+
+def test_a_tool_call_quoted_as_code_in_content_is_not_the_fingerprint():
+    message = {"content": "The parser turns a `<tool_call>` block into tool_calls[].", "tool_calls": []}
+    assert sanity.scan_message(message) == []
+    assert sanity.scan_message({"content": "Sure. <tool_call>", "tool_calls": []})[0].kind == "tool-call-leak"

@@ -2,8 +2,10 @@
 
 One detector, used on every answer the serving layer receives. It looks for what broken serving produces
 and a working model does not: NUL and other control bytes, undecodable bytes (U+FFFD), letters of a script
-foreign to the prompt (CJK, Hebrew, Arabic, Cyrillic, ...), leaked special tokens (`<tool_call>`,
-`<|im_start|>`, `</s>`, ...) and degenerate repetition.
+foreign to the request (CJK, Hebrew, Arabic, Cyrillic, ... that the prompt neither uses nor asks for by
+language), leaked special tokens (`<tool_call>`, `<|im_start|>`, `</s>`, ...), runs of punctuation noise, the
+tokenizer's own markers left in the text, degenerate repetition, and salad (words of no language, or words in no
+grammatical order).
 
 It deliberately does not count words or judge length: the guide records a "fewer than 3 English words"
 heuristic that flagged legitimately terse replies ("Got it.", "Test received.") and made a clean run look
@@ -64,6 +66,56 @@ SCRIPTS: dict[str, tuple[tuple[int, int], ...]] = {
     "Mongolian": ((0x1800, 0x18AF),),
     "Syriac and Thaana": ((0x0700, 0x07BF),),
 }
+
+# Languages a request may ask for by name ("translate ... into Japanese", "answer in Hebrew"), by the scripts their
+# answers are written in. Greek is not listed: its script is never foreign (see SCRIPTS).
+ASKED_SCRIPTS: dict[str, tuple[str, ...]] = {
+    "CJK": ("chinese", "mandarin", "cantonese", "hanzi", "kanji", "japanese"),
+    "Japanese kana": ("japanese", "hiragana", "katakana", "kana"),
+    "Hangul": ("korean", "hangul"),
+    "Hebrew": ("hebrew", "yiddish"),
+    "Arabic": ("arabic", "persian", "farsi", "urdu", "pashto", "uyghur", "kurdish", "sindhi"),
+    "Cyrillic": ("russian", "ukrainian", "belarusian", "bulgarian", "serbian", "macedonian", "kazakh", "kyrgyz",
+                 "tajik", "mongolian", "cyrillic"),
+    "Armenian": ("armenian",),
+    "Georgian": ("georgian",),
+    "Devanagari and other Indic": ("hindi", "marathi", "nepali", "sanskrit", "devanagari", "bengali", "bangla",
+                                   "punjabi", "gurmukhi", "gujarati", "tamil", "telugu", "kannada", "malayalam",
+                                   "sinhala", "sinhalese", "odia", "oriya", "assamese"),
+    "Thai and Lao": ("thai", "lao"),
+    "Tibetan": ("tibetan", "dzongkha"),
+    "Myanmar": ("burmese", "myanmar"),
+    "Ethiopic": ("amharic", "tigrinya"),
+    "Khmer": ("khmer", "cambodian"),
+    "Mongolian": ("mongolian",),
+    "Syriac and Thaana": ("syriac", "aramaic", "dhivehi", "maldivian", "thaana"),
+}
+# Languages of the Latin (and Greek) script a request may ask for by name, beyond LEXICON_LANGS: wordfreq's lexicon
+# of each, or None where it has none (then whether the answer's words are words cannot be judged: no salad sign).
+ASKED_LEXICONS: dict[str, str | None] = {
+    "finnish": "fi", "hungarian": "hu", "czech": "cs", "slovak": "sk", "romanian": "ro", "danish": "da",
+    "norwegian": "nb", "icelandic": "is", "croatian": "sh", "bosnian": "sh", "serbian": "sh", "slovenian": "sl",
+    "slovene": "sl", "latvian": "lv", "lithuanian": "lt", "vietnamese": "vi", "malay": "ms", "filipino": "fil",
+    "tagalog": "fil", "catalan": "ca", "greek": "el",
+    **dict.fromkeys(("romaji", "pinyin", "transliterate", "transliteration", "romanization", "romanize",
+                     "latin", "esperanto", "swahili", "welsh", "irish", "gaelic", "maltese",
+                     "basque", "estonian", "albanian", "afrikaans", "galician", "hawaiian", "maori", "yoruba",
+                     "zulu", "xhosa", "somali", "hausa", "igbo", "quechua", "uzbek", "azerbaijani", "turkmen",
+                     "luxembourgish", "frisian", "breton", "corsican", "klingon")),
+}
+_ASKED_NAME = re.compile(r"[^\W\d_]+")
+
+
+def _named(prompt: str) -> set[str]:
+    """The lower-case words of the prompt: where language names are looked for."""
+    return set(_ASKED_NAME.findall(prompt.lower()))
+
+
+def scripts_asked(prompt: str) -> set[str]:
+    """The foreign-script families the prompt asks for by naming a language ("into Japanese", "in Hebrew")."""
+    named = _named(prompt)
+    return {script for script, names in ASKED_SCRIPTS.items() if named.intersection(names)}
+
 
 # Tokens a chat template or tool parser should have consumed; in the answer's text they mean the
 # server's parsing or the model's state is broken. Matched literally (case-sensitive).
@@ -150,8 +202,9 @@ def _script_findings(text: str, allowed: Collection[str]) -> list[Finding]:
     for s, where in by_script.items():
         chars = "".join(dict.fromkeys(text[i] for i in where))[:6]
         found.append(Finding("script", where[0],
-                             f"{len(where)} {s} character(s) ({chars!r}) in an answer to a prompt written "
-                             f"without them, first at char {where[0]}: {excerpt(text, where[0])}"))
+                             f"{len(where)} {s} character(s) ({chars!r}) in an answer to a prompt that neither "
+                             f"uses them nor asks for a language written in them, first at char {where[0]}: "
+                             f"{excerpt(text, where[0])}"))
     return found
 
 
@@ -171,9 +224,70 @@ def _token_findings(text: str, allow: Collection[str]) -> list[Finding]:
             for tok, where in sorted(hits.items(), key=lambda kv: kv[1][0])]
 
 
-def _repetition_findings(text: str) -> list[Finding]:
+# Punctuation noise: a run of punctuation and symbols where an answer has words. What a model whose logits went NaN
+# emits under greedy decoding when its token 0 is a punctuation mark ("!" in Llama 3's and Qwen's vocabularies), and
+# what GB10s with a broken MoE kernel answered (NVIDIA/cutlass#3227: "!!!!!!!" and Unicode noise). Single spaces and
+# line breaks inside the run do not end it ("! ! ! !"); letters, digits and wider gaps do.
+NOISE_MIN_RUN = 8  # noise characters in one run, at least half of it: "Yes!!!", "Why?!" and ["", "", ""] are not
+_RUN = re.compile(r"[^\w\s](?:\s?[^\w\s])*")
+# What rules, tables, leaders, underlines, trees, bars, brackets and quotes are drawn with: a run of only these is
+# layout (-----, |:---:|, ......, ~~~~, ├──, ████░░, }]}}), never counted as noise. Emoji are a style and Braille a
+# script, not noise.
+_LAYOUT = set("-=_*~#+|:.^<>/\\`'\"()[]{}…·•—–") | {chr(c) for c in range(0x2500, 0x25A0)}
+
+
+def _noise_char(ch: str) -> bool:
+    return not (ch.isspace() or ch in _LAYOUT or unicodedata.category(ch) in ("Ps", "Pe", "Pi", "Pf")
+                or 0x1F000 <= ord(ch) <= 0x1FAFF or 0x2600 <= ord(ch) <= 0x28FF or ch in "\ufe0f\u200d")
+
+
+def _noise_findings(text: str, covered: list[tuple[int, int]]) -> list[Finding]:
+    """The first run of punctuation noise; every run's span goes into `covered` (not reported again as a loop)."""
+    runs = [m for m in _RUN.finditer(_blank(text, _FENCED, _INLINE, _INDENTED))  # code: judged by what it is
+            if (noise := sum(map(_noise_char, m.group()))) >= NOISE_MIN_RUN
+            and 2 * noise >= len(m.group().replace(" ", "").replace("\n", ""))]  # "", "", "" is an empty row
+    covered += [m.span() for m in runs]
+    if not runs:
+        return []
+    m = runs[0]
+    noise = [ch for ch in m.group() if _noise_char(ch)]
+    return [Finding("punctuation", m.start(),
+                    f"punctuation noise: a run of {len(noise)} punctuation or symbol characters "
+                    f"({''.join(dict.fromkeys(noise))[:6]!r}) where an answer has words, from char {m.start()} "
+                    f"({m.end() - m.start()} chars), what a model with NaN logits or a broken kernel prints: "
+                    f"{excerpt(text, m.start())}")]
+
+
+# The tokenizer's own markers left in the text: byte-level BPE writes a space as Ġ (U+0120) and a newline as Ċ (U+010A),
+# SentencePiece a space as ▁ (U+2581); a detokenizer that does not run (a tokenizer without its decoder, a mismatched
+# one) prints them, glued to the words or standing alone where it joins tokens with spaces. Judged when systematic: at
+# least MARKER_MIN markers, on at least MARKER_MIN_SHARE of the words, so a tokenizer tutorial quoting Ġhello, a
+# Maltese name (Ġorġ) or a sparkline (▁▂▃▅▇: ▁ counts only on a word) is not flagged.
+MARKERS = "\u0120\u010a\u2581"
+MARKER_MIN = 4
+MARKER_MIN_SHARE = 0.15
+_MARKED = re.compile(r"[\u0120\u010a]|\u2581\w|\w\u2581")
+# Code is left out, but only code that is code: a fence over real lines, and inline code in single backticks (the
+# markers run fences together: ``` python Ċ def ... ```).
+_FENCED_LINES = re.compile(r"```[^\n]*\n.*?(?:```|\Z)", re.DOTALL)
+_INLINE_ONLY = re.compile(r"(?<!`)`[^`\n]+`(?!`)")
+
+
+def _marker_findings(text: str) -> list[Finding]:
+    words = _blank(text, _FENCED_LINES, _INLINE_ONLY).split()
+    marked = [w for w in words if _MARKED.search(w)]
+    markers = sum(ch in MARKERS for w in marked for ch in w)
+    if markers < MARKER_MIN or len(marked) < MARKER_MIN_SHARE * len(words):
+        return []
+    first = min(i for i in (text.find(m) for m in MARKERS) if i >= 0)
+    return [Finding("bpe-marker", first,
+                    f"tokenizer markers left in the text: {markers} of Ġ (a space), Ċ (a newline) or ▁ (a "
+                    f"SentencePiece space) on {len(marked)} of {len(words)} words, from char {first}: the "
+                    f"detokenizer did not run or does not match the model: {excerpt(text, first)}")]
+
+
+def _repetition_findings(text: str, covered: list[tuple[int, int]]) -> list[Finding]:
     found: list[Finding] = []
-    covered: list[tuple[int, int]] = []
     for unit_len in range(1, min(REPEAT_MAX_UNIT, len(text) // REPEAT_MIN_COPIES) + 1):
         copies = max(REPEAT_MIN_COPIES - 1, -(-REPEAT_MIN_SPAN // unit_len) - 1)
         pattern = re.compile(rf"(.{{{unit_len}}})\1{{{copies},}}", re.DOTALL)
@@ -217,11 +331,23 @@ SALAD_MIN_WORDS = 8
 SALAD_UNKNOWN_SHARE = 0.3
 SALAD_MIN_ZIPF = 1.0  # wordfreq's Zipf scale: 1.0 is once per 100 million words; 0 is not in the lexicon
 LEXICON_LANGS = ("en", "de", "fr", "es", "it", "pt", "nl", "sv", "pl", "tr", "id")
+# Salad of real words: words of some language in no grammatical order. Prose in any language holds its most frequent
+# words (the, of, and, to, is ... in English: wordfreq's FUNCTION_TOP of each lexicon) at a steady share; clauses of
+# content words with almost none of them are no sentences. Judged on clauses (text between line breaks, commas and
+# the other punctuation that ends one) of at least CLAUSE_MIN_WORDS words, so that lists, tables, keywords and headline
+# bullets are left out, and only on at least WORD_SALAD_MIN_WORDS such words. Thresholds from docs/GARBAGE.md.
+FUNCTION_TOP = 100
+CLAUSE_MIN_WORDS = 6
+WORD_SALAD_MIN_WORDS = 16
+WORD_SALAD_MAX_SHARE = 0.1
+_LOREM = re.compile(r"\blorem ipsum\b", re.IGNORECASE)  # placeholder text: Latin-like by design, asked for or not
+_CLAUSE = re.compile(r"[\n,;:|()\[\]{}\"“”]|[.!?](?=\s)")
 _FENCED = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
 _INLINE = re.compile(r"`[^`\n]*`")
 _INDENTED = re.compile(r"^(?: {4}|\t).*$", re.MULTILINE)  # Markdown's indented code block
 _URLISH = re.compile(r"\b(?:[a-z][a-z0-9+.-]*://|www\.)\S+|\S+@\S+\.\w+", re.IGNORECASE)
 _WORD = re.compile(r"[^\W\d_]+(?:['’-][^\W\d_]+)*")
+_GLUED = re.compile(r"[^\W\d_A-Z][A-Z]")  # a lower-case letter, then a capital: TodoWrite, programsMad
 _CASE_PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")  # HelpFormatter -> Help, Formatter
 
 
@@ -238,16 +364,43 @@ def _rule_line(text: str, start: int, end: int) -> bool:
     return not any(ch.isalnum() for ch in line)
 
 
-def known_word(word: str) -> bool:
-    """A word of some language (wordfreq's lexicons of the common ones), in any case."""
-    return _known(word.lower())
+def known_word(word: str, langs: tuple[str, ...] = LEXICON_LANGS) -> bool:
+    """A word of some language (wordfreq's lexicons of `langs`, by default the common ones), in any case."""
+    return _known(word.lower(), langs)
 
 
 @functools.cache
-def _known(word: str) -> bool:
+def _known(word: str, langs: tuple[str, ...]) -> bool:
     from wordfreq import zipf_frequency
 
-    return any(zipf_frequency(word, lang) >= SALAD_MIN_ZIPF for lang in LEXICON_LANGS)
+    return any(zipf_frequency(word, lang) >= SALAD_MIN_ZIPF for lang in langs)
+
+
+@functools.cache
+def _function_words(lang: str) -> dict[str, None]:
+    """A lexicon's FUNCTION_TOP most frequent words, most frequent first (a dict: ordered, and fast to look up)."""
+    from wordfreq import top_n_list
+
+    return dict.fromkeys(top_n_list(lang, FUNCTION_TOP))
+
+
+@functools.lru_cache(maxsize=16)  # one request's content, reasoning and tool calls are judged against one prompt
+def lexicons(prompt: str) -> tuple[str, ...] | None:
+    """The lexicons an answer's words are judged against: LEXICON_LANGS, and those of the languages the prompt asks
+    for by name ("into Finnish"). None when the prompt asks for a language wordfreq has no lexicon of (Latin,
+    Swahili), or for one of another script (whose answer may spell it out in Latin letters: romaji, pinyin), or
+    is itself written in a language no lexicon holds (a line of it reads as salad, glued identifiers left out: a
+    prompt names its tools and classes, TodoWrite, HelpFormatter): then no salad is judged."""
+    asked = [ASKED_LEXICONS[name] for name in _named(prompt) if name in ASKED_LEXICONS]
+    if None in asked or scripts_asked(prompt):
+        return None
+    langs = tuple(dict.fromkeys([*LEXICON_LANGS, *sorted(filter(None, asked))]))
+    for line in prompt.splitlines():
+        words = [w for w in _salad_words(line) if not _GLUED.search(w)]
+        unknown = [w for w in words if not known_word(w, langs) and not _name(w)]
+        if len(words) >= 3 and len(unknown) >= SALAD_UNKNOWN_SHARE * len(words):
+            return None
+    return langs
 
 
 def prose_words(text: str) -> list[str]:
@@ -267,29 +420,50 @@ def _name(word: str) -> bool:
     return word[0].isupper() and len(_CASE_PARTS.findall(word)) == 1
 
 
-def _salad_findings(text: str) -> list[Finding]:
-    words = prose_words(text)
-    if len(words) < SALAD_MIN_WORDS:
-        return []  # a terse answer is never salad ("Got it.", "Paris")
-    unknown = [w for w in words if not known_word(w) and not _name(w)]
-    share = len(unknown) / len(words)
-    if share < SALAD_UNKNOWN_SHARE:
+def _salad_words(text: str) -> list[str]:
+    """The prose words salad is judged on: a word of a foreign script is the script sign's to judge."""
+    return [w for w in prose_words(text) if not scripts_in(w)]
+
+
+def _salad_findings(text: str, prompt: str) -> list[Finding]:
+    words = _salad_words(text)
+    langs = lexicons(prompt)
+    if len(words) < SALAD_MIN_WORDS or langs is None or _LOREM.search(text):
+        return []  # a terse answer is never salad ("Got it."), nor one in a language no lexicon holds, nor lorem ipsum
+    unknown = [w for w in words if not known_word(w, langs) and not _name(w)]
+    if len(unknown) >= SALAD_UNKNOWN_SHARE * len(words):
+        first = max(text.find(unknown[0]), 0)
+        return [Finding("salad", first,
+                        f"token salad: {len(unknown)} of {len(words)} words are words of no language "
+                        f"({', '.join(repr(w) for w in unknown[:5])}), from char {first}: {excerpt(text, first)}")]
+    clauses = [c for c in map(_salad_words, _CLAUSE.split(_blank(text, _FENCED, _INDENTED, _INLINE, _URLISH)))
+               if len(c) >= CLAUSE_MIN_WORDS]
+    judged = [w.lower() for c in clauses for w in c]
+    if len(judged) < WORD_SALAD_MIN_WORDS:
+        return []  # lists, tables, keywords and headline bullets: no clause long enough to need grammar
+    lang = max(langs, key=lambda lang: sum(w in _function_words(lang) for w in judged))
+    share = sum(w in _function_words(lang) for w in judged) / len(judged)
+    if share >= WORD_SALAD_MAX_SHARE:
         return []
-    first = max(text.find(unknown[0]), 0)
-    return [Finding("salad", first,
-                    f"token salad: {len(unknown)} of {len(words)} words are words of no language "
-                    f"({', '.join(repr(w) for w in unknown[:5])}), from char {first}: {excerpt(text, first)}")]
+    first = max(text.find(clauses[0][0]), 0)
+    return [Finding("word-salad", first,
+                    f"word salad: words in no grammatical order, only {share:.0%} of {len(judged)} words in clauses "
+                    f"are the short words every sentence holds (the {FUNCTION_TOP} most frequent of any lexicon: "
+                    f"{', '.join(list(_function_words(lang))[:4])}, ...), from char {first}: "
+                    f"{excerpt(text, first)}")]
 
 
 def scan(text: str, prompt: str = "", allow_tokens: Collection[str] = ()) -> list[Finding]:
-    """Every sign of garbage in `text`, in order of position. Scripts that occur in `prompt` are allowed
-    (a question in Chinese may be answered in Chinese); `allow_tokens` lists special tokens the caller
+    """Every sign of garbage in `text`, in order of position. Scripts that occur in `prompt`, or that a language it
+    names is written in, are allowed (a question in Chinese may be answered in Chinese, "translate into Hebrew" in
+    Hebrew), and languages it names lend their lexicons to salad; `allow_tokens` lists special tokens the caller
     expects in the text. An empty list means clean: terse answers ("Paris", "391", "Got it.") are."""
-    allowed = scripts_in(prompt)
+    allowed = scripts_in(prompt) | scripts_asked(prompt)
+    covered: list[tuple[int, int]] = []
     findings = (_control_findings(text) + _script_findings(text, allowed) + _token_findings(text, allow_tokens)
-                + _repetition_findings(text))
+                + _marker_findings(text) + _noise_findings(text, covered) + _repetition_findings(text, covered))
     if not findings:  # salad is judged on what is otherwise clean: one finding per defect
-        findings = _salad_findings(text)
+        findings = _salad_findings(text, prompt)
     return sorted(findings, key=lambda f: f.offset)
 
 
@@ -333,8 +507,9 @@ def scan_message(message: Mapping[str, Any], prompt: str = "") -> list[Finding]:
     content = message.get("content") or ""
     _, reasoning = reasoning_of(message)
     findings = scan(content, prompt)
-    if "<tool_call>" in content and not message.get("tool_calls"):
-        at = content.index("<tool_call>")
+    prose = _blank(content, _FENCED, _INLINE)  # a `<tool_call>` quoted as code is talked about, not leaked
+    if "<tool_call>" in prose and not message.get("tool_calls"):
+        at = prose.index("<tool_call>")
         # Reported once, as the fingerprint, not again as a plain leaked token.
         findings = [f for f in findings if not (f.kind == "special-token" and "<tool_call>" in f.what)]
         findings.insert(0, Finding(

@@ -36,6 +36,8 @@ import yaml
 from sparkgate.probes import chat_body
 from sparkgate.sanity import JUDGED_TOKENS
 
+from . import written
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 CORPUS = HERE / "corpus.jsonl"
@@ -134,17 +136,67 @@ def wrong_template(src: Path, dst: Path) -> list[str]:
     return ["--chat-template", str(dst / "llama2.jinja")]
 
 
-def wrong_tokenizer(src: Path, dst: Path) -> list[str]:
+def _edit_tokenizer(folder: Path, edit: Callable[[dict], object]) -> None:
+    data = json.loads((folder / "tokenizer.json").read_text())
+    edit(data)
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+
+
+def tokenizer_edited(edit: Callable[[dict], object]) -> Callable[[Path, Path], list[str]]:
+    """The real weights under the tokenizer.json that `edit` changes in place."""
+    def make(src: Path, dst: Path) -> list[str]:
+        shutil.copytree(src, dst)
+        _edit_tokenizer(dst, edit)
+        return []
+    return make
+
+
+def permuted(data: dict) -> None:
     """The vocabulary permuted (special tokens kept): every id now reads as another token."""
-    shutil.copytree(src, dst)
-    data = json.loads((dst / "tokenizer.json").read_text())
     special = {t["content"] for t in data.get("added_tokens", [])}
     vocab = data["model"]["vocab"]
     plain = [t for t in vocab if t not in special]
     ids = [vocab[t] for t in plain]
     random.Random(SEED).shuffle(ids)
     vocab.update(zip(plain, ids, strict=True))
-    (dst / "tokenizer.json").write_text(json.dumps(data))
+
+
+def no_decoder(data: dict) -> None:
+    """No decoder: the byte-level markers (Ġ for a space, Ċ for a newline) are printed as they are."""
+    data["decoder"] = None
+
+
+def sentencepiece_decoder(data: dict) -> None:
+    """SentencePiece's decoder on a byte-level vocabulary (a tokenizer.json assembled from another family): it turns
+    only ▁ into spaces, so the byte-level markers stay and the words run together."""
+    data["decoder"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}
+
+
+def nan_logits(src: Path, dst: Path) -> list[str]:
+    """Every logit NaN (the final norm's weights NaN, as an overflowing kernel leaves them) under a vocabulary whose
+    token 0 is "!", as Llama 3's and Qwen's are (SmolLM2's token 0, <|endoftext|>, trades ids with its "!"): greedy
+    decoding takes the argmax of NaNs, token 0, every time."""
+    import torch
+
+    tensors = _weights(src)
+    bang = json.loads((src / "tokenizer.json").read_text())["model"]["vocab"]["!"]
+    embed = tensors["model.embed_tokens.weight"].clone()  # tied to the output head: rows trade places with the ids
+    embed[[0, bang]] = embed[[bang, 0]]
+    tensors["model.embed_tokens.weight"] = embed
+    tensors["model.norm.weight"] = torch.full_like(tensors["model.norm.weight"], float("nan"))
+    _save(tensors, src, dst)
+
+    def swap(data: dict) -> None:
+        vocab = data["model"]["vocab"]
+        zero = next(t for t, i in vocab.items() if i == 0)
+        vocab[zero], vocab["!"] = bang, 0
+        for token in data["added_tokens"]:
+            token["id"] = {0: bang, bang: 0}.get(token["id"], token["id"])
+
+    _edit_tokenizer(dst, swap)
+    config = json.loads((dst / "config.json").read_text())
+    config["unk_token_id"] = bang
+    (dst / "config.json").write_text(json.dumps(config))
     return []
 
 
@@ -173,7 +225,10 @@ VARIANTS: dict[str, tuple[str, Callable[[Path, Path], list[str]]]] = {
     "random-init": ("random", reinitialised),
     "dummy-loader": ("random", dummy_loader),
     "wrong-chat-template": ("misconfigured", wrong_template),
-    "wrong-tokenizer": ("misconfigured", wrong_tokenizer),
+    "wrong-tokenizer": ("misconfigured", tokenizer_edited(permuted)),
+    "no-decoder": ("misconfigured", tokenizer_edited(no_decoder)),
+    "sentencepiece-decoder": ("misconfigured", tokenizer_edited(sentencepiece_decoder)),
+    "nan-logits": ("numerics", nan_logits),
 }
 
 
@@ -224,10 +279,14 @@ def _write(rows: list[dict]) -> None:
 
 
 def refresh_human() -> None:
-    """The human rows read again from their sources (seconds; no engine): after the project's docs change."""
-    kept = [r for r in (json.loads(line) for line in CORPUS.read_text().splitlines()) if r["kind"] != "human"]
+    """The rows no engine made read again from their sources (seconds): human text (after the project's docs change)
+    and the answers written for the corpus (selftest/garbage/written.py)."""
+    kept = [r for r in (json.loads(line) for line in CORPUS.read_text().splitlines())
+            if r["kind"] not in ("human", "written") and not r["variant"].startswith("written: ")]
     _write(kept + [{"kind": "human", "variant": variant, "source": source, "prompt": "", "text": text}
-                   for variant, source, text in human_text()])
+                   for variant, source, text in human_text()]
+           + [{"kind": kind, "variant": variant, "source": "selftest/garbage/written.py", "prompt": prompt,
+               "text": text} for kind, variant, prompt, text in written.ROWS])
 
 
 # Human text everyone has: the docstrings and the code of Python's standard library, and this project's docs.
@@ -280,6 +339,43 @@ def matrix() -> list[dict]:
     return list(rows.values())
 
 
+CLEAN_KINDS = ("clean", "human")
+
+
+def guard_flags() -> dict[str, list[int]]:
+    """What the recording guard itself does with every clean answer of the corpus: its own judging and storing
+    (sparkgate.guard.Recorder, into a scratch folder), each answer asked as a chat request with its prompt. Per
+    variant: [answers, answers it judged garbage, bodies it stored] (a body asked twice is stored once)."""
+    from sparkgate.guard import Recorder
+
+    out: dict[str, list[int]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        recorder = Recorder(Path(tmp) / "repro", "http://127.0.0.1:9")  # the upstream is only named in its notes
+        for line in CORPUS.read_text().splitlines():
+            r = json.loads(line)
+            if r["kind"] not in CLEAN_KINDS or not r["text"].strip():
+                continue
+            stored = recorder.stored
+            flagged = recorder.judge(chat_body("corpus", r["prompt"], JUDGED_TOKENS),
+                                     {"role": "assistant", "content": r["text"]})
+            counts = out.setdefault(f"{r['kind']} | {r['variant']}", [0, 0, 0])
+            counts[0] += 1
+            counts[1] += bool(flagged)
+            counts[2] += recorder.stored - stored
+    return out
+
+
+def guard_markdown(flags: dict[str, list[int]]) -> str:
+    """The guard's false positives on the clean corpus, as docs/GARBAGE.md shows them."""
+    lines = ["| kind | variant | answers | judged garbage | stored | rate |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {variant} | {n} | {flagged} | {stored} | {flagged / n:.1%} |"
+              for variant, (n, flagged, stored) in flags.items()]
+    n, flagged = (sum(c[i] for c in flags.values()) for i in (0, 1))
+    return "\n".join([*lines, f"| all clean | | {n} | {flagged} | {sum(c[2] for c in flags.values())} | "
+                               f"{flagged / n:.1%} |"]) + "\n"
+
+
 def matrix_markdown(rows: list[dict]) -> str:
     """The detection matrix as docs/GARBAGE.md shows it: one row per variant, its kind, answers, and how many the
     detector flags (for a broken model a true positive, for clean text a false one)."""
@@ -293,33 +389,39 @@ def matrix_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sweep(shares: tuple[float, ...] = (0.2, 0.25, 0.3, 0.4, 0.5, 0.7)) -> str:
-    """How the salad threshold trades detection for false alarms: per kind, the share of answers flagged at each
-    SALAD_UNKNOWN_SHARE (the other signs unchanged). What docs/GARBAGE.md chose the threshold from."""
+def sweep(name: str = "SALAD_UNKNOWN_SHARE", values: tuple[float, ...] = (0.2, 0.25, 0.3, 0.4, 0.5, 0.7)) -> str:
+    """How one of the detector's thresholds trades detection for false alarms: per kind, the share of answers flagged
+    at each value of sanity.`name` (the other signs unchanged). What docs/GARBAGE.md chose the thresholds from."""
     from sparkgate import sanity
 
-    chosen = sanity.SALAD_UNKNOWN_SHARE
+    chosen = getattr(sanity, name)
     by_kind: dict[str, list[str]] = {}
     try:
-        for share in shares:
-            sanity.SALAD_UNKNOWN_SHARE = share
+        for value in values:
+            setattr(sanity, name, value)
             totals: dict[str, list[int]] = {}
             for row in matrix():
                 t = totals.setdefault(row["kind"], [0, 0])
                 t[0] += row["flagged"]
                 t[1] += row["n"] - row["empty"]
             for kind, (flagged, judged) in totals.items():
-                by_kind.setdefault(kind, []).append(f"{flagged / max(1, judged):.0%}")
+                by_kind.setdefault(kind, []).append(f"{flagged / max(1, judged):.1%}")
     finally:
-        sanity.SALAD_UNKNOWN_SHARE = chosen
-    lines = ["| kind | " + " | ".join(f"{s:g}" for s in shares) + " |", "| --- |" + " ---: |" * len(shares)]
+        setattr(sanity, name, chosen)
+    lines = ["| kind | " + " | ".join(f"{v:g}" for v in values) + " |", "| --- |" + " ---: |" * len(values)]
     lines += [f"| {kind} | " + " | ".join(rates) + " |" for kind, rates in by_kind.items()]
     return "\n".join(lines) + "\n"
+
+
+SWEEPS = {"SALAD_UNKNOWN_SHARE": (0.2, 0.25, 0.3, 0.4, 0.5, 0.7), "WORD_SALAD_MAX_SHARE": (0.05, 0.1, 0.15, 0.2, 0.25),
+          "CLAUSE_MIN_WORDS": (3, 4, 6, 8, 10), "NOISE_MIN_RUN": (4, 6, 8, 12, 16),
+          "MARKER_MIN_SHARE": (0.05, 0.1, 0.15, 0.3, 0.5)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m selftest.garbage.corpus", description=__doc__.split("\n")[0])
     parser.add_argument("action", choices=["build", "human", "matrix"])
+    parser.add_argument("--no-sweeps", action="store_true", help="the matrix and the guard's figure only (seconds)")
     parser.add_argument("--only", action="append", default=[], choices=sorted(VARIANTS))
     args = parser.parse_args(argv)
     if args.action == "build":
@@ -327,7 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.action == "human":
         refresh_human()
     print(matrix_markdown(matrix()), end="")
-    print("\nflagged per kind at each share of unknown words (SALAD_UNKNOWN_SHARE):\n" + sweep(), end="")
+    print("\nthe guard on the clean corpus:\n" + guard_markdown(guard_flags()), end="")
+    for name, values in {} if args.no_sweeps else SWEEPS.items():
+        print(f"\nflagged per kind at each {name}:\n" + sweep(name, values), end="")
     return 0
 
 
