@@ -6,14 +6,17 @@ engine, asked the same prompts greedily:
 - weights perturbed with Gaussian noise (a share of each tensor's own standard deviation) at several strengths,
   in all layers, only attention, only the MLPs, only the embeddings (tied to the output head), only the last layers;
 - weights drawn fresh from the architecture's initialiser (transformers), and vLLM's dummy loader;
-- the real weights under a chat template of another family, and under a tokenizer whose vocabulary is permuted.
+- the real weights under a chat template of another family, under a tokenizer whose vocabulary is permuted, under
+  one without its decoder, and under SentencePiece's decoder;
+- every logit NaN, under a vocabulary whose token 0 is "!".
 
 The clean side is the real model's answers to the same prompts, and human text: the docstrings and code of Python's
-standard library, and the paragraphs of this project's docs (prose, tables, commands).
+standard library, the paragraphs of this project's docs (prose, tables, commands), and answers written for the corpus
+(selftest/garbage/written.py, with the garbage the real engine cannot be made to print here).
 
     python -m selftest.garbage.corpus build [--only VARIANT ...]  # ~20 minutes on two cores; writes CORPUS
-    python -m selftest.garbage.corpus human       # the human text read again (after the docs change)
-    python -m selftest.garbage.corpus matrix      # the detector's rates on it, as docs/GARBAGE.md shows them
+    python -m selftest.garbage.corpus human       # the human and written rows read again (after the docs change)
+    python -m selftest.garbage.corpus matrix      # the detector's and the guard's rates, as docs/GARBAGE.md shows them
 """
 
 from __future__ import annotations
