@@ -159,8 +159,8 @@ class Endpoint:
         self.check.that(
             not findings,
             expected="a clean answer" + (f" to {label}" if label else "") + ": no NUL or control bytes, no "
-                     "script foreign to the prompt, no leaked special token, no degenerate repetition, no token "
-                     "salad",
+                     "script the request neither uses nor asks for, no leaked special token, no tokenizer markers, "
+                     "no punctuation noise, no degenerate repetition, no salad",
             found=f"{sanity.summary(findings)}\n            answer: {short(message.get('content') or '')}",
             why=sanity.WHY + same, fix=sanity.FIX)
 
