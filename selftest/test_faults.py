@@ -105,7 +105,7 @@ def leftovers(dock) -> list[str]:
     return left + our_processes(dock)
 
 
-def wait_no_leftovers(dock, timeout: float = 20) -> list[str]:
+def wait_no_leftovers(dock, timeout: float = 60) -> list[str]:
     deadline = time.monotonic() + timeout
     while (left := leftovers(dock)) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -79,19 +79,25 @@ def failed_checks(result) -> list[str]:
     return sorted(set(re.findall(r"^\[(SERVE-[A-Z-]+)\] ", result.stdout.str(), re.M)))
 
 
-@pytest.mark.parametrize(("kind", "level"), [("damaged", "quick"), ("random", "standard")])
-def test_a_broken_model_fails_every_check_that_reads_an_answer_and_nothing_else(pytester, servers, kind, level):
+# The replays' long prompts cost two minutes a model on a CPU: their red is proven once, on the damaged model.
+REPLAYS = ("SERVE-REPRO", "SERVE-REPRO-AGENT")
+
+
+@pytest.mark.parametrize(("kind", "level", "replays"), [("damaged", "quick", True), ("random", "standard", False)])
+def test_a_broken_model_fails_every_check_that_reads_an_answer_and_nothing_else(pytester, servers, kind, level,
+                                                                               replays):
     """At every level: a level sets how much of a check runs, never whether a layer is judged."""
     recipes, srv = servers[kind]
     result = run_suite(pytester, "-m", "serving", f"--recipes-dir={recipes}", "--recipe=smollm2-cpu",
-                       f"--base-url={srv.base_url}", f"--level={level}")
+                       f"--base-url={srv.base_url}", f"--level={level}", *(() if replays else ("-k", "not repro")))
     out = result.stdout.str()
-    assert failed_checks(result) == sorted(READS_ANSWERS), out[-6000:]
+    expected = [c for c in READS_ANSWERS if replays or c not in REPLAYS]
+    assert failed_checks(result) == sorted(expected), out[-6000:]
     # Bad input is judged on its own (its follow-up's garbage is SERVE-SANITY's), and so is the model list.
     passed = {line.split("::")[1].split("[")[0] for line in result.outlines if line.startswith("PASSED tests/")}
     assert set(JUDGED_ON_THEIR_OWN) <= passed, (passed, out[-3000:])
     # One defect, one failure: every other answer-reading check names the one that diagnoses its cause.
-    for check_id in set(READS_ANSWERS) - set(DIAGNOSING):
+    for check_id in set(expected) - set(DIAGNOSING):
         message = re.search(rf"^\[{check_id}\] .*?(?=^\[SERVE-|^_{{3,}}|^=+ |\Z)", out, re.M | re.S).group()
         assert any(f"the same defect as {d}'s" in message for d in DIAGNOSING), (check_id, message[:3000])
     if kind == "damaged":  # Latin-script salad: found by its words, not by a foreign script
@@ -135,11 +141,15 @@ def test_the_guard_stores_only_what_produced_garbage_and_its_bodies_replay(pytes
         assert body["messages"][0]["content"] in PROMPTS  # the exact request
         meta = json.loads(body_file.with_suffix(".meta").read_text())
         assert meta["findings"] and meta["answer"] and meta["time"] and meta["server"]["models"]
+    # The guard's bodies only: the shipped one (a long prompt) replays in the broken-model and newcomer runs.
+    guards_only = "stored_repro and not tools"
     recipes, damaged = servers["damaged"]
-    red = run_suite(pytester, "-m", "serving", "-k", "stored_repro", f"--recipes-dir={recipes}",
+    red = run_suite(pytester, "-m", "serving", "-k", guards_only, f"--recipes-dir={recipes}",
                     "--recipe=smollm2-cpu", f"--base-url={damaged.base_url}", f"--repro-dir={damaged_dir}")
     assert failed_checks(red) == ["SERVE-REPRO"], red.stdout.str()[-3000:]
+    red.assert_outcomes(failed=len(stored), deselected=None)
     _, clean = servers["clean"]
-    green = run_suite(pytester, "-m", "serving", "-k", "stored_repro", "--recipe=smollm2-cpu",
+    green = run_suite(pytester, "-m", "serving", "-k", guards_only, "--recipe=smollm2-cpu",
                       f"--base-url={clean.base_url}", f"--repro-dir={damaged_dir}")
     assert failed_checks(green) == [] and green.ret == 0, green.stdout.str()[-3000:]
+    green.assert_outcomes(passed=len(stored), deselected=None)

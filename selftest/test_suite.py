@@ -208,17 +208,26 @@ def test_the_clients_token_count_equals_the_servers_counter(pytester, embedded_s
 
 def test_the_long_shapes_and_the_whole_capacity_sweep_pass_at_the_extended_level(pytester, embedded_server, tmp_path):
     """What only --level extended runs: the long-context prompt (as long as the recipe's context admits), sustained
-    load, and the capacity sweep one doubling past --max-num-seqs, where requests queue."""
+    load (20 s of it: --sustained-s), and the capacity sweep one doubling past --max-num-seqs, where requests
+    queue. The recipe admits 2,048 of the server's 4,096 tokens of context: a long prompt of half the length, and
+    half the tokens decoded after it, prove the same on a CPU in half the time."""
+    def half_the_context(data):
+        data["serve_args"][data["serve_args"].index("--max-model-len") + 1] = "2048"
+
     results = tmp_path / "extended.json"
-    result = run_suite(pytester, "-m", "perf", "--recipe=smollm2-cpu", f"--base-url={embedded_server.base_url}",
-                       "-k", "long or sustained or capacity", "--level=extended", f"--results-json={results}")
+    result = run_suite(pytester, "-m", "perf", f"--recipes-dir={broken_recipe(tmp_path, half_the_context)}",
+                       "--recipe=smollm2-cpu", f"--base-url={embedded_server.base_url}",
+                       "-k", "long or sustained or capacity", "--level=extended", "--sustained-s=20",
+                       f"--results-json={results}")
     result.assert_outcomes(passed=4)  # PERF-LONG-DECODE, PERF-LONG-PREFILL, PERF-SUSTAINED, PERF-CAPACITY
     data = Results.model_validate_json(results.read_text())
     assert data.level == "extended"
     swept = {m.shape.concurrency for m in data.measurements if m.check == "PERF-CAPACITY"}
     assert swept == {1, 2, 4, 8}, swept  # max-num-seqs 4, and one doubling past it
+    assert {m.shape.duration_s for m in data.measurements if m.check == "PERF-SUSTAINED"} == {20}
     long = next(m for m in data.measurements if m.name == "long-context prefill")
-    assert long.n == 3 and long.shape.prompt_tokens >= 2000 and long.shape.cache == "defeated"
+    assert long.n == 3 and long.shape.prompt_tokens >= 1000 and long.shape.cache == "defeated"
+    assert long.shape.max_tokens == 512  # a quarter of the context
 
 
 def test_a_port_already_serving_is_tested_in_place_or_left_be_never_started_over(pytester, tmp_path, embedded_server):

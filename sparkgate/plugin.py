@@ -4,6 +4,7 @@ both are registered with the plugin manager, their hooks their methods. No check
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import httpx
@@ -25,6 +26,12 @@ from .session import RunSession, layer
 from .shipped import LAYERS
 
 RUN = pytest.StashKey[RunSession]()
+
+
+def _seconds(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds, 1 or more")
+    return int(text)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -78,6 +85,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="per-request decode below which a user's speed is no longer usable, for the capacity "
                          "sweep (default 20: people read at 4-5 tok/s, and 20+ outruns reading comfortably); "
                          "a recipe's usable_decode floor overrides it")
+    group.addoption("--sustained-s", dest="sg_sustained_s", type=_seconds, default=60, metavar="S",
+                    help="how long PERF-SUSTAINED (--level extended) keeps --max-num-seqs streams full; a longer run "
+                         "shows the clocks and heat of a soak that a minute does not (default: %(default)s)")
     group.addoption("--list-checks", dest="sg_list_checks", default=None, metavar="PATH",
                     help="write the collected checks (ID, layer, MUST, why, fix) as Markdown to PATH "
                          "('-': the terminal) and run nothing (default: run the checks)")

@@ -8,7 +8,7 @@ from sparkgate.measure import Figure, aggregate_tok_s, closed_loop
 from sparkgate.workloads import CODE, PROSE, chat
 
 pytestmark = pytest.mark.extended
-DURATION_S, MAX_TOKENS = 60, 1500
+MAX_TOKENS = 1500
 
 
 @pytest.mark.check(
@@ -18,18 +18,19 @@ DURATION_S, MAX_TOKENS = 60, 1500
     fix="compare with the last good run; watch TTFT (queueing) first, errors last",
 )
 def test_sustained_load_keeps_every_stream_at_its_floor(check, target, recipe, roofline, record, completed, level,
-                                                        progress):
+                                                        progress, request):
     """Under sustained load at max-num-seqs, per-request decode MUST meet the recipe's floor for that level."""
+    duration_s = request.config.getoption("sg_sustained_s")
     if not level.runs(check.id):
-        check.cannot_run(f"{DURATION_S} s of sustained load is a long shape, run at --level extended only (this run: "
+        check.cannot_run(f"{duration_s} s of sustained load is a long shape, run at --level extended only (this run: "
                          f"{level.name})", "--level extended")
     streams = recipe.max_num_seqs
-    progress(1)(f"{streams} streams kept full for {DURATION_S} s (about {DURATION_S} s left when it starts)")
+    progress(1)(f"{streams} streams kept full for {duration_s} s (about {duration_s} s left when it starts)")
     prompts = PROSE + CODE
     records = completed(asyncio.run(closed_loop(target, lambda i: chat(recipe, prompts[i % 4], MAX_TOKENS),
-                                                streams, DURATION_S)), "request under sustained load")
+                                                streams, duration_s)), "request under sustained load")
     shape = {"prompt": "prose and code", "max_tokens": MAX_TOKENS, "ignore_eos": False, "thinking": "off",
-             "temperature": 0.3, "concurrency": streams, "duration_s": DURATION_S}
+             "temperature": 0.3, "concurrency": streams, "duration_s": duration_s}
     floor = recipe.floors.get("sustained_decode")
     figure = record(Figure.of(f"sustained decode per request at {streams} streams", "tok/s",
                               [r.decode_tok_s for r in records], shape, roofline), "sustained_decode")
