@@ -83,7 +83,8 @@ def failed_checks(result) -> list[str]:
 REPLAYS = ("SERVE-REPRO", "SERVE-REPRO-AGENT")
 
 
-@pytest.mark.parametrize(("kind", "level", "replays"), [("damaged", "quick", True), ("random", "standard", False)])
+@pytest.mark.parametrize(("kind", "level", "replays"), [("damaged", "quick", True), ("random", "standard", False)],
+                         ids=["damaged-quick", "random-standard"])
 def test_a_broken_model_fails_every_check_that_reads_an_answer_and_nothing_else(pytester, servers, kind, level,
                                                                                replays):
     """At every level: a level sets how much of a check runs, never whether a layer is judged."""
