@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkgate.hostlock import JOURNAL, LOCK_DIR, LOCK_SUBPATH, HostLock
+from sparkgate.hostlock import JOURNAL, LOCK_DIR, LOCK_SUBPATH, HostLock, LockError
 from sparkgate.launch.container_spec import LABEL, SAVED_SUFFIX
 from sparkgate.results import Results
 
@@ -369,6 +369,26 @@ def test_a_create_entry_naming_production_removes_only_what_carries_the_runs_lab
     assert f"{PROD} left as it is: it does not carry run 0123456789ab's label (not the suite's)" in out, out[-3000:]
     assert_untouched(dock, production)
     assert wait_no_leftovers(dock) == []
+
+
+def test_a_lock_held_by_a_live_run_is_refused_naming_its_holder_every_time():
+    """BUSY and the holder's record can reach the reader in one read (over ssh, or on a loaded client, as in CI):
+    the refusal MUST name the holder however the holding shell's output is split. Tried 200 times with every
+    core kept busy, where the reader that stopped at BUSY lost the record within the first few tries."""
+    holder = HostLock("local")
+    holder.acquire()
+    load = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range((os.cpu_count() or 2) + 1)]
+    try:
+        for _ in range(200):
+            with pytest.raises(LockError) as refused:
+                HostLock("local").acquire()
+            assert re.search(r"local is in use by another sparkgate run: held by \S+@\S+, pid \d+, since \S+: ",
+                             str(refused.value)), str(refused.value)
+    finally:
+        for p in load:
+            p.kill()
+            p.wait()
+        holder.release()
 
 
 def test_a_lock_record_left_by_a_dead_run_is_reported_and_taken_over():

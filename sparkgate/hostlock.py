@@ -53,7 +53,7 @@ d="$HOME"/%(sub)s
   echo "UNSAFE $d is $(ls -ld "$d" | cut -c1-10): other users can write into it"; exit 0; }
 command -v flock >/dev/null 2>&1 || { echo NOFLOCK; exit 0; }
 exec 9<"$d" || { echo "NODIR $d"; exit 0; }
-flock -n 9 || { echo BUSY; cat "$d"/holder-* 2>/dev/null; exit 0; }
+flock -n 9 || { for f in "$d"/holder-*; do [ -f "$f" ] && { printf 'HOLDER '; cat "$f"; }; done; echo BUSY; exit 0; }
 for f in "$d"/holder-*; do [ -f "$f" ] && [ ! -L "$f" ] && { printf 'STALE '; cat "$f"; rm -f "$f"; }; done
 printf '%%s
 ' "$1" > "$d/holder-$(id -u)"
@@ -100,10 +100,12 @@ class HostLock:
         if head == "LOCKED":
             self.stale = [holder_text(line[6:]) for line in lines if line.startswith("STALE ")]
             return
-        rest, err = self._drain()
+        _, err = self._drain()
         self.release()
         if head == "BUSY":
-            who = "; ".join(holder_text(line) for line in rest if line.strip()) or "a run that left no record"
+            # The records come before BUSY: what follows the head line in the same read would be lost.
+            who = "; ".join(holder_text(line[7:]) for line in lines if line.startswith("HOLDER ")) or \
+                "a run that left no record"
             raise LockError(f"{self.target} is in use by another sparkgate run: held by {who}. One run per host: "
                             "two at once would both pass the memory pre-flight on the same free memory. Wait for "
                             "it to finish (or stop it: its teardown restores the box)")
