@@ -3,9 +3,10 @@ an answer fails on it, while the checks that judge something else (bad input, th
 
 The broken models are the embedded default broken for real (selftest/garbage/corpus.py makes them): its weights
 perturbed with noise (Latin-script token salad, no foreign script), and vLLM's dummy loader (random weights). The
-clean side is the same model unbroken. The recording guard (`sparkgate guard`) is proven in front of both: it stores
-the requests the broken model answered with garbage and only those, and its stored bodies replay red against the
-broken model and green against the clean one.
+clean side is the same model unbroken. A gateway in front of the clean engine, wrong in one way
+(selftest/broken_gateway.py), fails exactly the checks that guard against it. The recording guard (`sparkgate
+guard`) is proven in front of both models: it stores the requests the broken model answered with garbage and only
+those, and its stored bodies replay red against the broken model and green against the clean one.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,7 +28,16 @@ from sparkgate.proc import cache_dir
 from sparkgate.recipes import Recipe, load_profiles, load_recipes
 
 from .garbage.corpus import DAMAGED, perturbed
-from .helpers import GUARD_PORT, broken_recipe, embedded_recipe_dir, guard, local_mem_available, move_port, run_suite
+from .helpers import (
+    GUARD_PORT,
+    broken_recipe,
+    embedded_recipe_dir,
+    guard,
+    local_mem_available,
+    move_port,
+    run_suite,
+    serving_at,
+)
 
 PORTS = {"random": 18001, "damaged": 18003}  # the clean model is the session's embedded_server
 # What reads an answer, and must fail on garbage; what judges something else, and must pass on it.
@@ -103,6 +114,40 @@ def test_a_broken_model_fails_every_check_that_reads_an_answer_and_nothing_else(
         assert any(f"the same defect as {d}'s" in message for d in DIAGNOSING), (check_id, message[:3000])
     if kind == "damaged":  # Latin-script salad: found by its words, not by a foreign script
         assert "token salad:" in out, out[-4000:]
+
+
+# ---- a gateway in front of the engine, wrong in one way ----------------------------------------------------
+
+GATEWAY_PORT = 18152
+# way (selftest/broken_gateway.py) -> the checks that guard against it, and what their messages must say
+GATEWAYS = {
+    "openai-only": ({"SERVE-CONSTRAINT"}, ["the server answered HTTP 200 and ignored the constraint it was sent",
+                                           "a gateway that validates requests against OpenAI's schema drops"]),
+    "errors-500": ({"SERVE-BAD-INPUT", "SERVE-VISION-REJECT"},
+                   ['found:    HTTP 500: "<html><body><h1>500 Internal Server Error',
+                    "proxy_intercept_errors on", "(the same defect as SERVE-BAD-INPUT's"]),
+}
+
+
+@pytest.fixture(scope="module")
+def gateway(embedded_server):
+    with serving_at([sys.executable, "-m", "selftest.broken_gateway", str(GATEWAY_PORT), embedded_server.base_url],
+                    f"http://127.0.0.1:{GATEWAY_PORT}/openai-only/v1/models", timeout=30):
+        yield f"http://127.0.0.1:{GATEWAY_PORT}"
+
+
+@pytest.mark.parametrize("way", GATEWAYS)
+def test_a_gateway_wrong_in_one_way_fails_exactly_the_checks_that_guard_against_it(pytester, gateway, way):
+    """The real engine behind a gateway that drops vLLM's own request fields, or answers the engine's 4xx with a
+    bare 500: the serving layer MUST fail exactly the checks that guard against that, saying so, and pass the
+    rest (the replays leave nothing to a gateway: they read answers only)."""
+    checks, words = GATEWAYS[way]
+    result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu", f"--base-url={gateway}/{way}",
+                       "--level=quick", "-k", "not repro")
+    out = result.stdout.str()
+    assert failed_checks(result) == sorted(checks), out[-6000:]
+    for w in words:
+        assert w in out, (w, out[-6000:])
 
 
 # ---- the recording guard ---------------------------------------------------------------------------------

@@ -23,7 +23,9 @@ CASES = {
                    "looks like an outage and is retried, a hang ties up a slot, and a crash takes every "
                    "user's request with it",
                    fix="read the server log for the request: a 5xx or a crash on bad input is a server bug "
-                       "(upgrade the image, or put a validating proxy in front)")
+                       "(upgrade the image, or put a validating proxy in front); behind a proxy or gateway, send "
+                       "the same request to the server itself: a proxy that intercepts upstream errors (nginx: "
+                       "proxy_intercept_errors on) answers the server's 4xx with a 5xx of its own")
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_gets_a_4xx_with_a_message(check, server, recipe, endpoint, case):
     """Bad input MUST get a 4xx with an error message, never a 5xx, a hang or a dropped connection."""

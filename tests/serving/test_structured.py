@@ -50,7 +50,10 @@ def test_a_json_schema_response_format_yields_valid_json(check, server, endpoint
 
 
 @pytest.mark.check("SERVE-CONSTRAINT", why="a constraint dropped without an error is the worst kind: HTTP 200 "
-                   "and an answer the client was promised could not happen", fix=STRUCTURED_FIX)
+                   "and an answer the client was promised could not happen",
+                   fix=STRUCTURED_FIX + "; behind a gateway or proxy, send the request to the server itself: a "
+                       "gateway that validates requests against OpenAI's schema drops vLLM's own fields "
+                       "(structured_outputs) without an error")
 def test_a_choice_constraint_is_kept_not_silently_ignored(check, server, endpoint, structured_declared):
     """An answer constrained to a set of choices MUST be one of them, even when the question suggests another."""
     body = chat_body(server.served_name, "What is 2 + 3?", max_tokens=16,

@@ -1,0 +1,79 @@
+"""Gateways in front of a real engine, each wrong in one way: what an operator gets when vLLM is served behind a
+proxy that drops or rewrites part of the traffic. Every answer is the engine's own; the way is chosen by the first
+part of the path (`--base-url http://127.0.0.1:PORT/<way>`):
+
+    openai-only  forwards only the fields of OpenAI's chat completion request; vLLM's own (structured_outputs,
+                 guided_*, chat_template_kwargs, min_tokens, ...) are dropped without an error, as a gateway that
+                 validates requests against OpenAI's schema does
+    errors-500   an error the engine answers (HTTP 4xx, with its message) reaches the client as a bare HTTP 500, as a
+                 proxy that intercepts upstream errors does
+
+    python -m selftest.broken_gateway PORT UPSTREAM_BASE_URL
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+
+# OpenAI's chat completion request, as a schema-validating gateway knows it; anything else is dropped.
+OPENAI_FIELDS = {"model", "messages", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "max_tokens",
+                 "max_completion_tokens", "n", "presence_penalty", "response_format", "seed", "stop", "stream",
+                 "stream_options", "temperature", "top_p", "tools", "tool_choice", "parallel_tool_calls", "user"}
+BARE_500 = b"<html><body><h1>500 Internal Server Error</h1></body></html>"
+
+
+class Handler(BaseHTTPRequestHandler):
+    upstream: httpx.Client
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _forward(self, method: str) -> None:
+        _, way, *rest = self.path.split("/", 2)
+        path = "/" + (rest[0] if rest else "")
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        if way == "openai-only" and method == "POST" and body:
+            try:
+                request = json.loads(body)
+                body = json.dumps({k: v for k, v in request.items() if k in OPENAI_FIELDS}).encode()
+            except (ValueError, AttributeError):
+                pass  # not a JSON object: the engine says what is wrong with it
+        headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
+        with self.upstream.stream(method, path, content=body or None, headers=headers) as answer:
+            if way == "errors-500" and 400 <= answer.status_code < 500:
+                answer.read()
+                self.send_response(500)
+                self.send_header("content-type", "text/html")
+                self.send_header("content-length", str(len(BARE_500)))
+                self.end_headers()
+                self.wfile.write(BARE_500)
+                return
+            self.send_response(answer.status_code)
+            self.send_header("content-type", answer.headers.get("content-type", "application/json"))
+            self.send_header("connection", "close")  # streamed through as it comes; the end is the close
+            self.end_headers()
+            for chunk in answer.iter_bytes():
+                self.wfile.write(chunk)
+                self.wfile.flush()
+        self.close_connection = True
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self._forward("GET")
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self._forward("POST")
+
+
+def main() -> None:
+    Handler.upstream = httpx.Client(base_url=sys.argv[2], timeout=httpx.Timeout(600, connect=10))
+    server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
