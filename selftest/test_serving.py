@@ -140,7 +140,7 @@ def gateway(embedded_server):
 def test_a_gateway_wrong_in_one_way_fails_exactly_the_checks_that_guard_against_it(pytester, gateway, way):
     """The real engine behind a gateway that drops vLLM's own request fields, or answers the engine's 4xx with a
     bare 500: the serving layer MUST fail exactly the checks that guard against that, saying so, and pass the
-    rest (the replays leave nothing to a gateway: they read answers only)."""
+    rest (the long replays, which only read answers, are proven red on the broken models above)."""
     checks, words = GATEWAYS[way]
     result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu", f"--base-url={gateway}/{way}",
                        "--level=quick", "-k", "not repro")

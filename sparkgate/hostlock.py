@@ -53,7 +53,8 @@ d="$HOME"/%(sub)s
   echo "UNSAFE $d is $(ls -ld "$d" | cut -c1-10): other users can write into it"; exit 0; }
 command -v flock >/dev/null 2>&1 || { echo NOFLOCK; exit 0; }
 exec 9<"$d" || { echo "NODIR $d"; exit 0; }
-flock -n 9 || { for f in "$d"/holder-*; do [ -f "$f" ] && { printf 'HOLDER '; cat "$f"; }; done; echo BUSY; exit 0; }
+flock -n 9 || {
+  for f in "$d"/holder-*; do [ -f "$f" ] && [ ! -L "$f" ] && { printf 'HOLDER '; cat "$f"; }; done; echo BUSY; exit 0; }
 for f in "$d"/holder-*; do [ -f "$f" ] && [ ! -L "$f" ] && { printf 'STALE '; cat "$f"; rm -f "$f"; }; done
 printf '%%s
 ' "$1" > "$d/holder-$(id -u)"
