@@ -28,6 +28,16 @@ from .shipped import LAYERS
 RUN = pytest.StashKey[RunSession]()
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
 def _seconds(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds, 1 or more")
@@ -85,6 +95,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="per-request decode below which a user's speed is no longer usable, for the capacity "
                          "sweep (default 20: people read at 4-5 tok/s, and 20+ outruns reading comfortably); "
                          "a recipe's usable_decode floor overrides it")
+    group.addoption("--usable-ttft-s", dest="sg_usable_ttft_s", type=_positive, default=5, metavar="S",
+                    help="time to first token of a short prompt beyond which a concurrency level is not usable, for "
+                         "the capacity sweep: TTFT is the saturation signal, requests that queue wait for a seat "
+                         "(default: %(default)s)")
     group.addoption("--sustained-s", dest="sg_sustained_s", type=_seconds, default=60, metavar="S",
                     help="how long PERF-SUSTAINED (--level extended) keeps --max-num-seqs streams full; a longer run "
                          "shows the clocks and heat of a soak that a minute does not (default: %(default)s)")
