@@ -10,11 +10,14 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 
+import httpx
 import jsonschema
 import pytest
 import yaml
 
+from sparkgate.probes import chat_body
 from sparkgate.recipes import load_recipes
 from sparkgate.results import Results
 
@@ -201,9 +204,39 @@ def test_the_clients_token_count_equals_the_servers_counter(pytester, embedded_s
     result = run_suite(pytester, "-m", "perf", "--recipe=smollm2-cpu", f"--base-url={embedded_server.base_url}",
                        "-k", "server_count or inter_token", "-s", "--level=quick")
     result.assert_outcomes(passed=2, skipped=1)  # PERF-SPEC-ACCEPT: no speculative decoding here
-    result.stdout.fnmatch_lines(["*[[]PERF-SERVER-TOKENS[]]: client counted * tokens in * requests, the server's "
-                                 "counter grew by *",
+    result.stdout.fnmatch_lines(["*[[]PERF-SERVER-TOKENS[]]: one at a time: client counted * tokens in 2 requests, "
+                                 "the server's counter grew by *",
+                                 "*[[]PERF-SERVER-TOKENS[]]: 4 at once: client counted * tokens in 4 requests, the "
+                                 "server's counter grew by *",
                                  "*inter-token latency, client * ms*", "*inter-token latency, server (/metrics) * ms*"])
+
+
+def test_another_client_on_the_server_fails_the_token_count(pytester, embedded_server):
+    """Another client sending requests to the server while the suite counts (a shared box): the server's counter
+    MUST disagree with the client's, and PERF-SERVER-TOKENS fail saying by how much."""
+    stop = threading.Event()
+
+    def other_client():
+        with httpx.Client(base_url=embedded_server.base_url, timeout=120) as client:
+            while not stop.is_set():
+                client.post("/v1/chat/completions", json=chat_body(embedded_server.served_name, "Count to five.",
+                                                                   max_tokens=16))
+
+    other = threading.Thread(target=other_client, daemon=True)
+    other.start()
+    try:
+        result = run_suite(pytester, "-m", "perf", "--recipe=smollm2-cpu", f"--base-url={embedded_server.base_url}",
+                           "-k", "token_counter", "--level=quick")
+    finally:
+        stop.set()
+        other.join(timeout=130)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*expected: vllm:generation_tokens_total grows by exactly the client's count, one "
+                                 "request at a time and 4 at once",
+                                 "*found:    one at a time: client *, server +*; 4 at once: client *, server +*"])
+    counts = re.search(r"found:    one at a time: client (\d+), server \+(\d+); 4 at once: client (\d+), server "
+                       r"\+(\d+)", result.stdout.str())
+    assert counts and int(counts[2]) > int(counts[1]) and int(counts[4]) > int(counts[3]), result.stdout.str()[-3000:]
 
 
 def test_the_long_shapes_and_the_whole_capacity_sweep_pass_at_the_extended_level(pytester, embedded_server, tmp_path):
@@ -228,6 +261,22 @@ def test_the_long_shapes_and_the_whole_capacity_sweep_pass_at_the_extended_level
     long = next(m for m in data.measurements if m.name == "long-context prefill")
     assert long.n == 3 and long.shape.prompt_tokens >= 1000 and long.shape.cache == "defeated"
     assert long.shape.max_tokens == 512  # a quarter of the context
+    # The knee shows first as TTFT: past --max-num-seqs requests queue for a seat while each one, once seated,
+    # decodes as fast as before; that level is never counted as capacity.
+    result.stdout.fnmatch_lines(["*8: * tok/s per request, * aggregate, worst TTFT * s: not usable, worst TTFT * s > "
+                                 "5 s (past --max-num-seqs 4: requests queue for a seat)",
+                                 "largest usable concurrency: 4 (--max-num-seqs 4: the server serves no more at once)"])
+
+
+def test_capacity_is_judged_on_the_first_token_as_well_as_on_decode(pytester, embedded_server):
+    """A first token later than --usable-ttft-s at one stream MUST fail PERF-CAPACITY, saying so, however fast the
+    decode: here the real engine's ~0.1 s against a limit of 1 ms."""
+    result = run_suite(pytester, "-m", "perf", "--recipe=smollm2-cpu", f"--base-url={embedded_server.base_url}",
+                       "-k", "capacity", "--level=quick", "--usable-ttft-s=0.001")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*expected: a single stream at >= * tok/s, its first token within 0.001 s (usable)",
+                                 "*found:    1: * tok/s per request, * aggregate, worst TTFT * s: not usable, "
+                                 "worst TTFT * s > 0.001 s"])
 
 
 def test_a_port_already_serving_is_tested_in_place_or_left_be_never_started_over(pytester, tmp_path, embedded_server):
@@ -287,6 +336,8 @@ def test_an_unreachable_host_is_one_error_not_one_per_test(pytester):
         (["--baseline=/nonexistent/before.json"], "--baseline /nonexistent/before.json: not a readable sparkgate "
                                                   "results file"),
         (["--tolerance=-5"], "--tolerance -5: a percentage of 0 or more is how much slower"),
+        (["--usable-ttft-s=0"], "argument --usable-ttft-s: '0' is not a number of seconds above 0"),
+        (["--sustained-s=1.5"], "argument --sustained-s: '1.5' is not a whole number of seconds, 1 or more"),
     ],
 )
 def test_bad_options_are_usage_errors(pytester, args, message):

@@ -1,36 +1,55 @@
 """The client's count against the server's own (/metrics): the instrument is checked on every run."""
 
 import asyncio
+from typing import NamedTuple
 
 import pytest
 
 from sparkgate import metrics
-from sparkgate.measure import Figure, burst
+from sparkgate.measure import Figure, RequestRecord, burst
 from sparkgate.workloads import PROSE, chat
 
-_COUNTED: dict[str, tuple] = {}  # per recipe: the three checks read the same requests
 MAX_TOKENS = 128  # at --level standard; a level sets its share
 
 
+class Counted(NamedTuple):
+    records: list[RequestRecord]  # one at a time
+    delta: dict[str, float]  # /metrics around them
+    max_tokens: int
+    burst: list[RequestRecord]  # then --max-num-seqs at once (the guide confirmed its figures at 16 concurrent)
+    burst_delta: dict[str, float]
+
+
+_COUNTED: dict[str, Counted | str] = {}  # per recipe: the three checks read the same requests; or why they cannot
+
+
 @pytest.fixture
-def counted(server, target, recipe, completed, check, level, progress):
-    """A few streamed requests (--level sets how many) and the /metrics delta around them; could not run without
-    /metrics."""
+def counted(server, target, recipe, completed, check, level, progress) -> Counted:
+    """A few streamed requests one at a time (--level sets how many), then a burst of --max-num-seqs, each with the
+    /metrics delta around it; could not run without /metrics."""
     if recipe.name not in _COUNTED:
         try:
-            before = metrics.scrape(server.base_url, server.served_name, server.headers)
-            steps, records, max_tokens = progress(level.counted_requests), [], level.tokens(MAX_TOKENS)
-            for i in range(level.counted_requests):
-                steps(f"request {i + 1} of {level.counted_requests}, counted against /metrics")
+            def scrape():
+                return metrics.scrape(server.base_url, server.served_name, server.headers)
+
+            n, seats = level.counted_requests, recipe.max_num_seqs
+            steps, records, max_tokens = progress(n + 1), [], level.tokens(MAX_TOKENS)
+            before = scrape()
+            for i in range(n):
+                steps(f"request {i + 1} of {n}, counted against /metrics")
                 records += asyncio.run(burst(target, [chat(recipe, PROSE[i % len(PROSE)], max_tokens)]))
-            after = metrics.scrape(server.base_url, server.served_name, server.headers)
-            _COUNTED[recipe.name] = records, metrics.delta(before, after), None, max_tokens
+            middle = scrape()
+            steps(f"{seats} requests at once, counted against /metrics")
+            at_once = asyncio.run(burst(target, [chat(recipe, PROSE[i % len(PROSE)], max_tokens)
+                                                 for i in range(seats)]))
+            _COUNTED[recipe.name] = Counted(records, metrics.delta(before, middle), max_tokens, at_once,
+                                            metrics.delta(middle, scrape()))
         except metrics.MetricsUnavailable as exc:
-            _COUNTED[recipe.name] = [], {}, str(exc), None
-    records, d, unavailable, max_tokens = _COUNTED[recipe.name]
-    if unavailable:
-        check.cannot_run(unavailable, "serve with vLLM, or enable the server's Prometheus endpoint")
-    return completed(records), d, max_tokens
+            _COUNTED[recipe.name] = str(exc)
+    counts = _COUNTED[recipe.name]
+    if isinstance(counts, str):
+        check.cannot_run(counts, "serve with vLLM, or enable the server's Prometheus endpoint")
+    return counts._replace(records=completed(counts.records), burst=completed(counts.burst, "request at once"))
 
 
 @pytest.mark.check(
@@ -40,15 +59,20 @@ def counted(server, target, recipe, completed, check, level, progress):
     fix="run on a server no one else is using; if it persists, compare usage.completion_tokens with the "
         "server log's per-request counts",
 )
-def test_the_servers_token_counter_agrees_with_the_client(check, counted):
-    """The server's generation-token counter MUST grow by exactly the tokens the client was sent."""
-    records, d, _ = counted
-    client = sum(r.completion_tokens or 0 for r in records)
-    print(f"[{check.id}]: client counted {client} tokens in {len(records)} requests, the server's counter grew "
-          f"by {d.get(metrics.GENERATION_TOKENS, 'nothing (absent)')}")
-    check.that(d.get(metrics.GENERATION_TOKENS) == client, expected=f"{metrics.GENERATION_TOKENS} +{client}",
-               found=f"+{d.get(metrics.GENERATION_TOKENS, 'absent'):g}" if metrics.GENERATION_TOKENS in d
-               else "no such metric on /metrics")
+def test_the_servers_token_counter_agrees_with_the_client(check, counted, recipe):
+    """The server's token counter MUST grow by exactly the client's count, one at a time and --max-num-seqs at once."""
+    rows, agree = [], True
+    for label, records, d in (("one at a time", counted.records, counted.delta),
+                              (f"{recipe.max_num_seqs} at once", counted.burst, counted.burst_delta)):
+        client = sum(r.completion_tokens or 0 for r in records)
+        server = d.get(metrics.GENERATION_TOKENS)
+        print(f"[{check.id}]: {label}: client counted {client} tokens in {len(records)} requests, the server's "
+              f"counter grew by {'nothing (absent)' if server is None else f'{server:g}'}")
+        agree = agree and server == client
+        rows.append(f"{label}: client {client}, server " + ("no such metric on /metrics" if server is None
+                                                              else f"+{server:g}"))
+    check.that(agree, expected=f"{metrics.GENERATION_TOKENS} grows by exactly the client's count, one request at a "
+                               f"time and {recipe.max_num_seqs} at once", found="; ".join(rows))
 
 
 @pytest.mark.check(
@@ -59,7 +83,7 @@ def test_the_servers_token_counter_agrees_with_the_client(check, counted):
 )
 def test_the_servers_inter_token_latency_agrees_with_the_client(check, counted, record):
     """The server's mean inter-token latency MUST be within 25% of the client's."""
-    records, d, max_tokens = counted
+    records, d, max_tokens = counted.records, counted.delta, counted.max_tokens
     if not d.get(metrics.ITL_COUNT):
         check.cannot_run(f"no {metrics.ITL_COUNT} on /metrics")
     # The server observes inter-token latency once per engine step, and a step can emit several tokens
@@ -89,7 +113,7 @@ def test_speculative_decoding_accepts_drafts(check, recipe, counted, record):
     where one is published."""
     if not recipe.features.mtp:
         check.cannot_run(f"recipe {recipe.name} does not use speculative decoding")
-    records, d, max_tokens = counted
+    records, d, max_tokens = counted.records, counted.delta, counted.max_tokens
     drafts, accepted = d.get(metrics.SPEC_DRAFT, 0), d.get(metrics.SPEC_ACCEPTED, 0)
     shape = {"prompt": "short prose", "max_tokens": max_tokens, "ignore_eos": False, "requests": len(records)}
     check.that(drafts > 0 and accepted > 0,
