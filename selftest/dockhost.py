@@ -52,7 +52,8 @@ def recipe_data(name: str = "smollm2-docker", container: str = NAME, port: int =
         "profile": "cpu",
         "model": {"id": "/models/smollm2", "served_name": "smollm2-135m-instruct", "quantization": "none",
                   "total_params_b": 0.135, "active_params_b": 0.135, "bytes_per_param": 2,
-                  "native_context": 8192, "disk_gib": 0.3},
+                  "native_context": 8192, "disk_gib": 0.3,
+                  "kv_bytes_per_token": 23046},  # logged by this engine in bf16: 1.0 GiB for 46,592 tokens
         "launcher": "docker",
         "image": IMAGE,
         "container_name": container,

@@ -168,15 +168,18 @@ def test_with_take_over_the_recipes_run_in_turn_and_production_is_set_aside_once
     after = _state(good)
     assert (after[0], after[1], after[2], after[4]) == (before[0], before[1], "running", before[4])
     assert NAME + SAVED_SUFFIX not in dock.names()
-    print(f"take-over run (two recipes in turn, 12 checks each, production back): {took:.1f} s; production down "
-          f"{down.seconds:.1f} s; {len(running)} samples, at most one model container running")
+    print(f"take-over run (two recipes in turn, 11 container and 2 serving checks each, production back): "
+          f"{took:.1f} s; production down {down.seconds:.1f} s; {len(running)} samples, at most one model container "
+          "running")
 
 
 def test_a_matching_running_container_is_reused_and_left_running(pytester, tmp_path, dock, good):
     result, failed = dock.run_suite(pytester, tmp_path, recipe_data(), "-m", "container")
     assert failed == [] and result.ret == 0, result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines([f"*container {NAME} already runs this recipe at the image its tag names now; "
-                                 "using it (it stays up)*"])
+                                 "using it (it stays up)*",
+                                 "PASSED tests/container/test_startup.py::test_the_kv_bytes_per_token_logged_are_the_"
+                                 "recipes*"])
     good.reload()
     assert good.status == "running" and good.attrs["RestartCount"] == 0
 
@@ -267,6 +270,10 @@ RECIPE_VARIANTS = {
                                  "*found:    --max-model-len 4,096 past the native 2,048 with no YaRN*"]),
     "budget-below-resident": (lambda d: d["memory"].update(overhead_gib=0.5), "CONT-RESIDENT",
                               ["*expected: <= 1.75 GiB*", "*GiB resident (cgroup usage*"]),
+    "kv-bytes-of-another-dtype": (lambda d: d["model"].update(kv_bytes_per_token=46091), "CONT-KV-BYTES",
+                                  ["*expected: 46,091 bytes per token (model.kv_bytes_per_token), within 2%*",
+                                   "*found:    23,046 bytes per token logged (1 GiB for 46,592 tokens), 0.50x the "
+                                   "recipe's*"]),
     "other-image": (lambda d: d.update(image=IMAGE_AMD64), "CONT-IMAGE",
                     [f"*expected: {IMAGE_AMD64} at sha256:*", f"*found:    {IMAGE} at sha256:*"]),
 }
@@ -363,7 +370,7 @@ def test_the_process_recipe_skips_every_container_check_with_the_reason(pytester
     result = run_suite(pytester, "-m", "container", f"--recipes-dir={write_recipe(tmp_path, data)}",
                        "--recipe=smollm2-cpu")
     outcomes = result.parseoutcomes()
-    assert outcomes["skipped"] == 12 and not {"passed", "failed", "error"} & set(outcomes), outcomes
+    assert outcomes["skipped"] == 13 and not {"passed", "failed", "error"} & set(outcomes), outcomes
     result.stdout.fnmatch_lines(["SKIPPED*[[]CONT-ENV[]] could not run: smollm2-cpu runs as a process, not in a "
                                  "container (to run it: a docker recipe)*"])
     assert "smollm2-cpu: starting" not in result.stdout.str()

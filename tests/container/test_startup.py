@@ -27,6 +27,31 @@ def test_the_startup_log_states_the_servers_facts(check, live, record_property):
 
 
 @pytest.mark.check(
+    "CONT-KV-BYTES",
+    why="the recipe's KV bytes per token turns a context and a concurrency into memory (CONT-CONTEXT, the memory "
+        "budget); the guide: derive it by dividing the logged GiB by the logged token count, never from the layer "
+        "count, and a figure for another dtype, model or engine build sizes every one of those wrongly",
+    fix="set model.kv_bytes_per_token in the recipe to the figure logged here (`sparkgate recipes show` the recipe "
+        "after a run), or find why the engine sizes the cache differently (--kv-cache-dtype, the model revision, "
+        "the image)",
+)
+def test_the_kv_bytes_per_token_logged_are_the_recipes(check, live, recipe):
+    """The KV cache bytes per token vLLM logged MUST be the recipe's kv_bytes_per_token (within 2%)."""
+    declared, logged = recipe.model.kv_bytes_per_token, live.facts.bytes_per_token
+    if declared is None:
+        check.cannot_run(f"recipe {recipe.name} declares no model.kv_bytes_per_token to compare with",
+                         "set model.kv_bytes_per_token from a run's CONT-LOG-FACTS")
+    if logged is None:
+        check.cannot_run("the container's log does not state the KV cache size and tokens (see CONT-LOG-FACTS)")
+    # vLLM logs the cache in GiB to two places: that rounding, or 2%, whichever is wider.
+    tolerance = max(0.02, 0.006 / live.facts.kv_cache_gib)
+    check.that(abs(logged - declared) <= tolerance * declared,
+               expected=f"{declared:,} bytes per token (model.kv_bytes_per_token), within {tolerance:.0%}",
+               found=f"{logged:,.0f} bytes per token logged ({live.facts.kv_cache_gib:g} GiB for "
+                     f"{live.facts.kv_tokens:,} tokens), {logged / declared:.2f}x the recipe's")
+
+
+@pytest.mark.check(
     "CONT-KV-SIZE",
     why="the KV cache is the recipe's memory budget's largest free term; a cache other than the pinned size "
         "(a pin ignored, a different engine build) changes both what fits and what the speed numbers mean",
