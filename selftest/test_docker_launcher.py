@@ -1,7 +1,11 @@
 """What the docker launcher and the container checks make of a recipe and of a container's inspect data, on the
 shipped GB10 recipes (no engine needed; test_container_layer.py runs them against a real one)."""
 
+import argparse
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparkgate.launch.container_spec import (
     arg_drift,
@@ -14,7 +18,7 @@ from sparkgate.launch.container_spec import (
 from sparkgate.launch.lifecycle import gguf_of_gdn_hybrid
 from sparkgate.recipes import load_recipes
 from sparkgate.serveargs import ServeArgs
-from sparkgate.units import GIB
+from sparkgate.units import GIB, parse_flag_bytes
 
 RECIPES = load_recipes()
 QWEN38, CODER = RECIPES["qwen38-27b-nvfp4"], RECIPES["qwen3-coder-next-int4"]
@@ -70,14 +74,31 @@ def test_a_shell_wrapped_command_is_read_as_the_shell_would():
 
 @pytest.mark.parametrize("args, env, pinned", [
     (["--kv-cache-memory=21474836480"], {}, 20 * GIB),
-    (["--kv-cache-memory", "16Gi"], {}, 16 * GIB),
-    (["--kv-cache-memory", "16GiB"], {}, 16 * GIB),
-    (["--kv-cache-memory-bytes", "8G"], {}, 8 * 10**9),
+    (["--kv-cache-memory", "16G"], {}, 16 * GIB),  # upper case is binary to vLLM: 16 GiB, not 16e9 bytes
+    (["--kv-cache-memory-bytes", "8g"], {}, 8 * 10**9),  # lower case is decimal
     (["--gpu-memory-utilization", "0.5"], {}, None),
     ([], {"VLLM_CPU_KVCACHE_SPACE": "1"}, GIB),
 ])
 def test_the_kv_pin(args, env, pinned):
     assert ServeArgs(args, env).kv_pin_bytes() == pinned
+
+
+SIZES = st.one_of(st.from_regex(r"\A[0-9]{1,6}(\.[0-9]{1,3})?[kmgtKMGTiB]{0,2}\Z"), st.text(max_size=8))
+
+
+@settings(max_examples=300, deadline=None)
+@given(SIZES)
+def test_a_pin_is_read_as_vllm_reads_it(text):
+    """vLLM's own parser is the oracle: the same bytes for what it takes, a ValueError for what it refuses."""
+    from vllm.utils.argparse_utils import human_readable_int
+
+    try:
+        want = human_readable_int(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        with pytest.raises(ValueError):
+            parse_flag_bytes(text)
+        return
+    assert parse_flag_bytes(text) == want
 
 
 def test_a_gguf_of_a_gdn_hybrid_is_refused_and_native_checkpoints_are_not():

@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .units import GIB, parse_bytes, parse_tokens
+from .units import GIB, parse_flag_bytes, parse_tokens
 
 # Flags whose value is a secret: never printed (sparkgate.redact masks them), sent as the client's key.
 SECRET_FLAGS = ("--api-key", "--hf-token", "--token", "--password", "--ssl-keyfile-password")
@@ -91,7 +91,7 @@ class ServeArgs:
         bound)."""
         for flag in ("--kv-cache-memory", "--kv-cache-memory-bytes"):
             if self.value(flag):
-                return parse_bytes(self.value(flag))
+                return parse_flag_bytes(self.value(flag))
         if cpu_engine and self.env.get("VLLM_CPU_KVCACHE_SPACE"):
             return int(float(self.env["VLLM_CPU_KVCACHE_SPACE"]) * GIB)
         return None
