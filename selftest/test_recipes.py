@@ -69,8 +69,10 @@ def edit(path: Path, change) -> None:
         (lambda d: d.update(profile="h100"), "profile"),
         (lambda d: d.update(name="other"), "name"),
         (lambda d: d.update(port=9999), "port"),
+        (lambda d: d["serve_args"].extend(["--kv-cache-memory", "16GiB"]), "serve_args"),
     ],
-    ids=["missing", "wrong-type", "bad-choice", "unknown-key", "unknown-profile", "name-vs-file", "port-vs-args"],
+    ids=["missing", "wrong-type", "bad-choice", "unknown-key", "unknown-profile", "name-vs-file", "port-vs-args",
+         "a-pin-vllm-refuses"],
 )
 def test_a_malformed_recipe_names_its_file_and_field(recipes_dir, change, field):
     path = recipes_dir / "smollm2-cpu.yaml"

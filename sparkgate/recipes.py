@@ -212,6 +212,12 @@ class Recipe(_Strict):
             raise ValueError(f"unknown floor {', '.join(unknown)} (known: {', '.join(FLOOR_CHECKS)})")
         if self.mods and self.launcher != "docker":
             raise ValueError("`mods` are applied in a container: only a docker recipe has them")
+        try:
+            self.args.kv_pin_bytes()
+        except ValueError:
+            raise ValueError("`serve_args`: the KV pin is not a size vLLM takes (--kv-cache-memory: bytes, or a "
+                             "whole number and K/M/G/T, binary (20G is 20 GiB), or a number and k/m/g/t, decimal; "
+                             "VLLM_CPU_KVCACHE_SPACE: whole GiB); vLLM would refuse to start") from None
         return self
 
     @property

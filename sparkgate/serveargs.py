@@ -93,7 +93,7 @@ class ServeArgs:
             if self.value(flag):
                 return parse_flag_bytes(self.value(flag))
         if cpu_engine and self.env.get("VLLM_CPU_KVCACHE_SPACE"):
-            return int(float(self.env["VLLM_CPU_KVCACHE_SPACE"]) * GIB)
+            return int(self.env["VLLM_CPU_KVCACHE_SPACE"]) * GIB  # whole GiB: vLLM reads it with int()
         return None
 
     @property
