@@ -38,6 +38,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs r
 
 
 WRONG_ARCH = ("sg-arch", 18104)  # a recipe that names an amd64 image, run as it says, on an aarch64 profile
+TWO_PINS = ("sg-pins", 18112)  # a recipe that pins the KV cache twice, by flag and by the CPU engine's variable
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +230,32 @@ def test_a_container_of_another_architecture_fails_exactly_the_arch_check(pytest
     assert failed == ["CONT-ARCH"], result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(["*expected: arm64 (the host: aarch64)*",
                                  f"*found:    amd64 (linux/amd64, image {IMAGE_AMD64})*"])
+
+
+@pytest.fixture
+def two_pins(dock):
+    """The real vLLM in a container run as its recipe says: --kv-cache-memory-bytes 512M (512 MiB) in the serve args
+    and VLLM_CPU_KVCACHE_SPACE=1 (1 GiB) in the env, of which the CPU engine takes the variable and ignores the flag.
+    Its recipe's data."""
+    name, port = TWO_PINS
+    data = recipe_data(container=name, port=port)
+    data["serve_args"] += ["--kv-cache-memory-bytes", "512M"]
+    container = dock.client.containers.run(**run_kwargs(as_recipe(data)))
+    try:
+        wait_serving(f"http://{dock.host.address}:{port}")
+        yield data
+    finally:
+        container.remove(force=True)
+
+
+def test_an_engine_that_ignores_the_kv_pin_fails_exactly_the_kv_size_check(pytester, tmp_path, dock, two_pins):
+    result, failed = dock.run_suite(pytester, tmp_path, two_pins, "-m", "container",
+                                    f"--base-url=http://{dock.host.address}:{two_pins['port']}")
+    assert failed == ["CONT-KV-SIZE"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(["*expected: 0.5 GiB, pinned*",
+                                 "*found:    1 GiB (pinned), 46592 tokens, 23046 bytes per token*",
+                                 "*why:      VLLM_CPU_KVCACHE_SPACE=1 is set as well, and vLLM's CPU engine takes it "
+                                 "over --kv-cache-memory-bytes: the flag's pin is ignored*"])
 
 
 def test_a_restart_policy_of_always_fails_the_restart_check(pytester, tmp_path, dock, good):

@@ -70,7 +70,15 @@ def test_the_kv_cache_in_use_is_the_pinned_size(check, live, recipe, recipe_prof
     if pin is not None:
         want = pin / GIB
         ok = abs(f.kv_cache_gib - want) <= max(0.02 * want, 0.01)  # vLLM prints GiB rounded to 2 places
-        check.that(ok and f.kv_cache_basis == "pinned", expected=f"{want:g} GiB, pinned", found=found)
+        args = live.args(recipe)
+        space = args.env.get("VLLM_CPU_KVCACHE_SPACE")
+        # The CPU engine sets its KV size from this variable over --kv-cache-memory-bytes (vLLM's CPU platform).
+        overridden = not gpu and space and args.kv_pin_bytes(cpu_engine=False) not in (None, int(space) * GIB)
+        check.that(ok and f.kv_cache_basis == "pinned", expected=f"{want:g} GiB, pinned", found=found,
+                   why=f"VLLM_CPU_KVCACHE_SPACE={space} is set as well, and vLLM's CPU engine takes it over "
+                       f"--kv-cache-memory-bytes: the flag's pin is ignored" if overridden else None,
+                   fix="pin the KV cache once: drop VLLM_CPU_KVCACHE_SPACE from the env, or the flag from the serve "
+                       "args, and recreate the container" if overridden else None)
     else:
         budget = recipe.memory.kv_cache_gib
         check.that(f.kv_cache_gib <= budget * 1.02, expected=f"<= {budget:g} GiB (the recipe's KV budget; "
