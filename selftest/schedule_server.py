@@ -2,7 +2,8 @@
 
 Not a stand-in for vLLM: it exists to calibrate sparkgate's timing. A request body's `schedule` field says
 when to answer: the first token `ttft_s` after the request arrived, then one every `interval_s` (0: as fast as
-the server can write), `tokens` in all. Each token is sent at its absolute deadline, so sleep overshoot never
+the server can write), `tokens` in all; with `stream_options.continuous_usage_stats` every chunk carries the count
+so far, as vLLM's do. Each token is sent at its absolute deadline, so sleep overshoot never
 accumulates, and GET / returns, per request, the monotonic times each token was actually written (CLOCK_MONOTONIC
 is one clock for every process on the machine), so a client's figures can be compared with the truth.
 
@@ -55,12 +56,20 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("connection", "close")
         self.end_headers()
         written = []
-        for i in range(n):
-            _sleep_until(received + ttft + i * interval)
-            chunk = {"choices": [{"index": 0, "delta": {"content": f" t{i}"}, "finish_reason": None}]}
-            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            self.wfile.flush()
-            written.append(time.monotonic())
+        as_it_goes = (body.get("stream_options") or {}).get("continuous_usage_stats")  # as vLLM counts
+        try:
+            for i in range(n):
+                _sleep_until(received + ttft + i * interval)
+                chunk = {"choices": [{"index": 0, "delta": {"content": f" t{i}"}, "finish_reason": None}]}
+                if as_it_goes:
+                    chunk["usage"] = {"prompt_tokens": 10, "completion_tokens": i + 1, "total_tokens": i + 11}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+                written.append(time.monotonic())
+        except OSError:  # the client cut the request
+            with LOCK:
+                LOG.append({"received": received, "written": written})
+            return
         usage = {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": n + 10}
         final = {"choices": [], "usage": usage}
         self.wfile.write(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())

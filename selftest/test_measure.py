@@ -10,12 +10,13 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from sparkgate.measure import Figure, aggregate_tok_s, burst, stream_chat
+from sparkgate.measure import Figure, aggregate_tok_s, burst, closed_loop, stream_chat
 
 REPO = Path(__file__).resolve().parents[1]
 PORT = 18931
@@ -84,6 +85,24 @@ def test_aggregate_is_the_sum_over_streams_not_a_per_request_speed(reference):
     print(f"per request {per_request}; aggregate {aggregate:.1f} tok/s")
     assert per_request.mean == pytest.approx(50, rel=0.02)
     assert aggregate == pytest.approx(4 * 50 / (0.05 + 49 * 0.02), rel=0.05)
+
+
+def test_a_sustained_window_cuts_what_still_runs_at_its_end_and_times_it_on_its_tokens_so_far(reference):
+    """Two streams of 4-second requests in a 1-second window: the loop MUST end with the window, not 4 s later, and
+    each request cut there MUST be timed on the tokens counted so far, within 1% of the truth."""
+    body = {"model": "reference", "messages": [], "schedule": {"tokens": 200, "ttft_s": 0.05, "interval_s": 0.02}}
+    t0 = time.monotonic()
+    records = asyncio.run(closed_loop(reference, lambda i: dict(body), 2, 1.0))
+    took = time.monotonic() - t0
+    assert took < 2.0, took  # the window, and the time to cancel; a request alone takes 4 s
+    assert len(records) == 2 and all(r.cut and r.error is None for r in records), records
+    time.sleep(0.5)  # the server logs a cut request when its next write fails
+    truth = httpx.get(reference).json()
+    for record in records:
+        assert 20 <= record.completion_tokens < 200
+        log = min(truth, key=lambda t: abs(t["received"] - record.t_sent))
+        true = (record.completion_tokens - 1) / (log["written"][record.completion_tokens - 1] - log["written"][0])
+        assert record.decode_tok_s == pytest.approx(true, rel=0.01)
 
 
 def test_a_failed_request_is_recorded_as_failed_never_timed(reference):

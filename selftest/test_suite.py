@@ -258,6 +258,7 @@ def test_the_long_shapes_and_the_whole_capacity_sweep_pass_at_the_extended_level
     swept = {m.shape.concurrency for m in data.measurements if m.check == "PERF-CAPACITY"}
     assert swept == {1, 2, 4, 8}, swept  # max-num-seqs 4, and one doubling past it
     assert {m.shape.duration_s for m in data.measurements if m.check == "PERF-SUSTAINED"} == {20}
+    result.stdout.fnmatch_lines(["[[]PERF-SUSTAINED[]] * requests timed in 20 s, * of them cut at the window's end"])
     long = next(m for m in data.measurements if m.name == "long-context prefill")
     assert long.n == 3 and long.shape.prompt_tokens >= 1000 and long.shape.cache == "defeated"
     assert long.shape.max_tokens == 512  # a quarter of the context

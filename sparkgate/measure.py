@@ -56,6 +56,7 @@ class RequestRecord(BaseModel):
     text: str = ""
     reasoning: str = ""
     error: str | None = Field(None, description="why the request did not complete; None: it did")
+    cut: bool = Field(False, description="still running at the end of a sustained window: timed on its tokens so far")
 
     @property
     def ttft_s(self) -> float | None:
@@ -225,8 +226,10 @@ async def burst(where: Target | str, bodies: list[dict[str, Any]], deadline_s: f
 
 async def closed_loop(where: Target | str, make_body: Callable[[int], dict[str, Any]], streams: int,
                       duration_s: float, deadline_s: float = DEADLINE_S) -> list[RequestRecord]:
-    """Keep `streams` requests in flight until `duration_s` has passed; each stream sends its next request
-    as soon as the last one ends. Bounded: no request starts after the deadline."""
+    """Keep `streams` requests in flight for `duration_s`; each stream sends its next request as soon as the last
+    one ends. At the end of the window every request still running is cut (`cut`), timed on the tokens it had by
+    then (vLLM's continuous usage stats count them): what would run after it, fewer and fewer streams draining, is
+    not sustained load, and it took longer than the window itself."""
     target = target_of(where)
     deadline = time.monotonic() + duration_s
     records: list[RequestRecord] = []
@@ -234,22 +237,34 @@ async def closed_loop(where: Target | str, make_body: Callable[[int], dict[str, 
     async def stream(client: httpx.AsyncClient, k: int) -> None:
         i = 0
         while time.monotonic() < deadline:
-            records.append(await stream_chat(client, target, make_body(k + i * streams), deadline_s))
+            body = make_body(k + i * streams)
+            body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+            records.append(record := RequestRecord(t_sent=time.monotonic()))
+            await stream_chat(client, target, body, deadline_s, record)
             i += 1
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=30), headers=target.headers,
                                  limits=httpx.Limits(max_connections=streams)) as client:
-        await asyncio.gather(*(stream(client, k) for k in range(streams)))
+        tasks = [asyncio.create_task(stream(client, k)) for k in range(streams)]
+        _, running = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in tasks:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    for record in records:
+        record.cut = record.finish_reason is None and record.error is None
     return records
 
 
 async def stream_chat(client: httpx.AsyncClient, where: Target | str, body: dict[str, Any],
-                      deadline_s: float = DEADLINE_S) -> RequestRecord:
-    """Send one streamed chat completion and time it. A request that fails (an HTTP error status, an error
-    event, a malformed stream, a dropped connection, the total deadline) comes back with `error` set: never
-    timed, never lost."""
+                      deadline_s: float = DEADLINE_S, record: RequestRecord | None = None) -> RequestRecord:
+    """Send one streamed chat completion and time it (into `record`, which holds what came if the request is
+    cancelled). A request that fails (an HTTP error status, an error event, a malformed stream, a dropped
+    connection, the total deadline) comes back with `error` set: never timed, never lost."""
     target = target_of(where)
-    record = RequestRecord(t_sent=time.monotonic())
+    record = record or RequestRecord(t_sent=time.monotonic())
     out = Assembled()
     try:
         await asyncio.wait_for(_stream_into(record, out, client, target, body), deadline_s)
@@ -277,7 +292,7 @@ async def stream_chat(client: httpx.AsyncClient, where: Target | str, body: dict
 
 async def _stream_into(record: RequestRecord, out: Assembled, client: httpx.AsyncClient, target: Target,
                        body: dict[str, Any]) -> None:
-    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    body = {**body, "stream": True, "stream_options": {"include_usage": True, **body.get("stream_options", {})}}
     async with aconnect_sse(client, "POST", f"{target.base_url}/v1/chat/completions", json=body) as source:
         if source.response.status_code >= 400:
             await source.response.aread()
