@@ -6,6 +6,7 @@ target broken in exactly the way the check guards against.
 
 import importlib.metadata
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -21,7 +22,17 @@ from sparkgate.probes import chat_body
 from sparkgate.recipes import load_recipes
 from sparkgate.results import Results
 
-from .helpers import ARTIFACTS, EMBEDDED_PORT, ROOT, broken_recipe, embedded_recipe_dir, run_suite, sparkgate_cli
+from .helpers import (
+    ARTIFACTS,
+    EMBEDDED_PORT,
+    ROOT,
+    broken_recipe,
+    cpu_quota,
+    embedded_recipe_dir,
+    run_suite,
+    server_group,
+    sparkgate_cli,
+)
 from .terminal import Terminal
 
 UNREACHABLE = "ssh://root@127.0.0.1:9"  # loopback, nothing listens: refused at once
@@ -267,6 +278,19 @@ def test_the_long_shapes_and_the_whole_capacity_sweep_pass_at_the_extended_level
     result.stdout.fnmatch_lines(["*8: * tok/s per request, * aggregate, worst TTFT * s: not usable, worst TTFT * s > "
                                  "5 s (past --max-num-seqs 4: requests queue for a seat)",
                                  "largest usable concurrency: 4 (--max-num-seqs 4: the server serves no more at once)"])
+
+
+def test_a_server_held_slow_under_sustained_load_fails_the_sustained_floor(pytester, embedded_server):
+    """The real engine held to a tenth of this machine's CPU (a cgroup quota) through a 10 s window: per-request
+    decode under sustained load MUST fall below the recipe's floor (2.8 tok/s; about 16 unslowed, 1.7 at an eighth),
+    and PERF-SUSTAINED fail saying so; the requests cut at the window's end keep the proof short."""
+    with cpu_quota(server_group(embedded_server), (os.cpu_count() or 2) / 10):
+        result = run_suite(pytester, "-m", "perf", "--recipe=smollm2-cpu", f"--base-url={embedded_server.base_url}",
+                           "-k", "sustained", "--level=extended", "--sustained-s=10")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*expected: >= 2.8 tok/s per request (15% of 18.89 tok/s (measured-here)*",
+                                 "*found:    sustained decode per request at 4 streams * tok/s (n=*on smollm2-cpu, "
+                                 "shape*'duration_s': 10}*"])
 
 
 def test_capacity_is_judged_on_the_first_token_as_well_as_on_decode(pytester, embedded_server):
