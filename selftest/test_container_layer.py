@@ -39,6 +39,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs r
 
 WRONG_ARCH = ("sg-arch", 18104)  # a recipe that names an amd64 image, run as it says, on an aarch64 profile
 TWO_PINS = ("sg-pins", 18112)  # a recipe that pins the KV cache twice, by flag and by the CPU engine's variable
+QUIET = ("sg-quiet", 18113)  # a recipe whose server logs warnings only
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +257,34 @@ def test_an_engine_that_ignores_the_kv_pin_fails_exactly_the_kv_size_check(pytes
                                  "*found:    1 GiB (pinned), 46592 tokens, 23046 bytes per token*",
                                  "*why:      VLLM_CPU_KVCACHE_SPACE=1 is set as well, and vLLM's CPU engine takes it "
                                  "over --kv-cache-memory-bytes: the flag's pin is ignored*"])
+
+
+@pytest.fixture
+def quiet(dock):
+    """The real vLLM in a container run as its recipe says, with VLLM_LOGGING_LEVEL=WARNING: its log states none of
+    its startup facts. Its recipe's data."""
+    name, port = QUIET
+    data = recipe_data(container=name, port=port)
+    data["env"]["VLLM_LOGGING_LEVEL"] = "WARNING"
+    container = dock.client.containers.run(**run_kwargs(as_recipe(data)))
+    try:
+        wait_serving(f"http://{dock.host.address}:{port}")
+        yield data
+    finally:
+        container.remove(force=True)
+
+
+def test_a_server_whose_log_states_no_facts_fails_the_log_check_and_the_checks_that_need_them_say_why(
+        pytester, tmp_path, dock, quiet):
+    result, failed = dock.run_suite(pytester, tmp_path, quiet, "-m", "container",
+                                    f"--base-url=http://{dock.host.address}:{quiet['port']}")
+    assert failed == ["CONT-LOG-FACTS"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(["*expected: version, KV cache GiB and tokens in the log*",
+                                 "*found:    missing version, kv_cache_gib, kv_tokens*"])
+    result.stdout.fnmatch_lines(["SKIPPED*[[]CONT-KV-BYTES[]] could not run: the container's log does not state the KV "
+                                 "cache size and tokens (see CONT-LOG-FACTS)*",
+                                 "SKIPPED*[[]CONT-KV-SIZE[]] could not run: the container's log does not state the KV "
+                                 "cache size (see CONT-LOG-FACTS)*"])
 
 
 def test_a_restart_policy_of_always_fails_the_restart_check(pytester, tmp_path, dock, good):
