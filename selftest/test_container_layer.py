@@ -8,6 +8,7 @@ module that reads a running box; each broken variant fails exactly the check tha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -210,6 +211,23 @@ def test_a_moving_tag_pulled_again_replaces_the_running_container(pytester, tmp_
     assert good.status == "running" and good.image.id == old_id
 
 
+@contextlib.contextmanager
+def own_container(dock, data):
+    """The real vLLM in a container of its own, run as the recipe `data` says and serving; removed after."""
+    container = dock.client.containers.run(**run_kwargs(as_recipe(data)))
+    try:
+        wait_serving(f"http://{dock.host.address}:{data['port']}")
+        yield data
+    finally:
+        container.remove(force=True)
+
+
+def run_against(pytester, tmp_path, dock, data):
+    """The container checks against the server of `data`, as it runs: (result, failed check IDs)."""
+    return dock.run_suite(pytester, tmp_path, data, "-m", "container",
+                          f"--base-url=http://{dock.host.address}:{data['port']}")
+
+
 @pytest.fixture
 def wrong_arch(dock):
     """The real vLLM in a container of the amd64-labelled image, started as its recipe says (the one drift that
@@ -217,17 +235,12 @@ def wrong_arch(dock):
     name, port = WRONG_ARCH
     data = recipe_data(container=name, port=port)
     data["image"] = IMAGE_AMD64
-    container = dock.client.containers.run(**run_kwargs(as_recipe(data)))
-    try:
-        wait_serving(f"http://{dock.host.address}:{port}")
+    with own_container(dock, data):
         yield data
-    finally:
-        container.remove(force=True)
 
 
 def test_a_container_of_another_architecture_fails_exactly_the_arch_check(pytester, tmp_path, dock, wrong_arch):
-    result, failed = dock.run_suite(pytester, tmp_path, wrong_arch, "-m", "container",
-                                    f"--base-url=http://{dock.host.address}:{wrong_arch['port']}")
+    result, failed = run_against(pytester, tmp_path, dock, wrong_arch)
     assert failed == ["CONT-ARCH"], result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(["*expected: arm64 (the host: aarch64)*",
                                  f"*found:    amd64 (linux/amd64, image {IMAGE_AMD64})*"])
@@ -241,17 +254,12 @@ def two_pins(dock):
     name, port = TWO_PINS
     data = recipe_data(container=name, port=port)
     data["serve_args"] += ["--kv-cache-memory-bytes", "512M"]
-    container = dock.client.containers.run(**run_kwargs(as_recipe(data)))
-    try:
-        wait_serving(f"http://{dock.host.address}:{port}")
+    with own_container(dock, data):
         yield data
-    finally:
-        container.remove(force=True)
 
 
 def test_an_engine_that_ignores_the_kv_pin_fails_exactly_the_kv_size_check(pytester, tmp_path, dock, two_pins):
-    result, failed = dock.run_suite(pytester, tmp_path, two_pins, "-m", "container",
-                                    f"--base-url=http://{dock.host.address}:{two_pins['port']}")
+    result, failed = run_against(pytester, tmp_path, dock, two_pins)
     assert failed == ["CONT-KV-SIZE"], result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(["*expected: 0.5 GiB, pinned*",
                                  "*found:    1 GiB (pinned), 46592 tokens, 23046 bytes per token*",
@@ -266,18 +274,13 @@ def quiet(dock):
     name, port = QUIET
     data = recipe_data(container=name, port=port)
     data["env"]["VLLM_LOGGING_LEVEL"] = "WARNING"
-    container = dock.client.containers.run(**run_kwargs(as_recipe(data)))
-    try:
-        wait_serving(f"http://{dock.host.address}:{port}")
+    with own_container(dock, data):
         yield data
-    finally:
-        container.remove(force=True)
 
 
 def test_a_server_whose_log_states_no_facts_fails_the_log_check_and_the_checks_that_need_them_say_why(
         pytester, tmp_path, dock, quiet):
-    result, failed = dock.run_suite(pytester, tmp_path, quiet, "-m", "container",
-                                    f"--base-url=http://{dock.host.address}:{quiet['port']}")
+    result, failed = run_against(pytester, tmp_path, dock, quiet)
     assert failed == ["CONT-LOG-FACTS"], result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(["*expected: version, KV cache GiB and tokens in the log*",
                                  "*found:    missing version, kv_cache_gib, kv_tokens*"])
@@ -290,8 +293,7 @@ def test_a_server_whose_log_states_no_facts_fails_the_log_check_and_the_checks_t
 def test_a_restart_policy_of_always_fails_the_restart_check(pytester, tmp_path, dock, good):
     good.update(restart_policy={"Name": "always"})  # docker update --restart=always: live, no restart
     try:
-        result, failed = dock.run_suite(pytester, tmp_path, recipe_data(), "-m", "container",
-                                        f"--base-url=http://{dock.host.address}:{PORT}")
+        result, failed = run_against(pytester, tmp_path, dock, recipe_data())
     finally:
         good.update(restart_policy={"Name": "unless-stopped"})
     assert failed == ["CONT-RESTART"], result.stdout.str()[-4000:]
@@ -341,8 +343,7 @@ def test_a_recipe_the_live_container_does_not_meet_fails_exactly_its_check(pytes
     change, guard, lines = RECIPE_VARIANTS[variant]
     data = recipe_data()
     change(data)
-    result, failed = dock.run_suite(pytester, tmp_path, data, "-m", "container",
-                                    f"--base-url=http://{dock.host.address}:{PORT}")
+    result, failed = run_against(pytester, tmp_path, dock, data)
     assert failed == [guard], result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(lines)
 

@@ -64,16 +64,17 @@ def test_the_kv_cache_in_use_is_the_pinned_size(check, live, recipe, recipe_prof
     if f.kv_cache_gib is None:
         check.cannot_run("the container's log does not state the KV cache size (see CONT-LOG-FACTS)")
     gpu = recipe_profile.gpu is not None
-    pin = live.args(recipe).kv_pin_bytes(cpu_engine=not gpu)
+    args = live.args(recipe)
+    pin = args.kv_pin_bytes(cpu_engine=not gpu)
     found = (f"{f.kv_cache_gib:g} GiB ({f.kv_cache_basis}), {f.kv_tokens or '?'} tokens"
              + (f", {f.bytes_per_token:.0f} bytes per token" if f.bytes_per_token else ""))
     if pin is not None:
         want = pin / GIB
         ok = abs(f.kv_cache_gib - want) <= max(0.02 * want, 0.01)  # vLLM prints GiB rounded to 2 places
-        args = live.args(recipe)
-        space = args.env.get("VLLM_CPU_KVCACHE_SPACE")
+        space = args.env.get("VLLM_CPU_KVCACHE_SPACE", "")
         # The CPU engine sets its KV size from this variable over --kv-cache-memory-bytes (vLLM's CPU platform).
-        overridden = not gpu and space and args.kv_pin_bytes(cpu_engine=False) not in (None, int(space) * GIB)
+        overridden = not gpu and space.isdigit() and args.kv_pin_bytes(cpu_engine=False) not in (None,
+                                                                                                 int(space) * GIB)
         check.that(ok and f.kv_cache_basis == "pinned", expected=f"{want:g} GiB, pinned", found=found,
                    why=f"VLLM_CPU_KVCACHE_SPACE={space} is set as well, and vLLM's CPU engine takes it over "
                        f"--kv-cache-memory-bytes: the flag's pin is ignored" if overridden else None,
