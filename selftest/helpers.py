@@ -57,10 +57,19 @@ def local_mem_available():
 # ---- the acceptance suite, run ---------------------------------------------------------------------------
 
 def run_suite(pytester, *args, timeout=1200):
-    """The acceptance suite in a subprocess, run from the project root so report paths read tests/..."""
+    """The acceptance suite in a subprocess, run from the project root so report paths read tests/... A run that
+    outlives `timeout` fails with the last of what it printed, and with every thread's stack, dumped a minute
+    before the kill by pytest's faulthandler: a hang on a CI machine says where it hung."""
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(ROOT)
-        return pytester.runpytest_subprocess(TESTS, *SUITE_PLUGINS, "-rA", *args, timeout=timeout)
+        try:
+            return pytester.runpytest_subprocess(TESTS, *SUITE_PLUGINS, "-rA", "-o",
+                                                 f"faulthandler_timeout={max(timeout - 60, 1)}", *args,
+                                                 timeout=timeout)
+        except pytester.TimeoutExpired:
+            tails = {name: (pytester.path / name).read_text(errors="replace")[-6000:] for name in ("stdout", "stderr")}
+            pytest.fail(f"the suite ran past {timeout} s; it printed, last:\n{tails['stdout']}\n--- its stderr, last "
+                        f"(the stacks):\n{tails['stderr']}", pytrace=False)
 
 
 def sparkgate_cli(*args):
