@@ -41,6 +41,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs r
 WRONG_ARCH = ("sg-arch", 18104)  # a recipe that names an amd64 image, run as it says, on an aarch64 profile
 TWO_PINS = ("sg-pins", 18112)  # a recipe that pins the KV cache twice, by flag and by the CPU engine's variable
 QUIET = ("sg-quiet", 18113)  # a recipe whose server logs warnings only
+RETIRED_ENV = ("sg-env", 18114)  # a recipe that sets a variable vLLM no longer reads
 
 
 @pytest.fixture(scope="module")
@@ -288,6 +289,29 @@ def test_a_server_whose_log_states_no_facts_fails_the_log_check_and_the_checks_t
                                  "cache size and tokens (see CONT-LOG-FACTS)*",
                                  "SKIPPED*[[]CONT-KV-SIZE[]] could not run: the container's log does not state the KV "
                                  "cache size (see CONT-LOG-FACTS)*"])
+    result.stdout.fnmatch_lines(["SKIPPED*[[]CONT-ENV-KNOWN[]] could not run: the container's log does not state the "
+                                 "server's start (see CONT-LOG-FACTS)*"])
+
+
+@pytest.fixture
+def retired_env(dock):
+    """The real vLLM in a container run as its recipe says, with VLLM_ATTENTION_BACKEND=TRITON_ATTN in its env: the
+    guide's attention backend set the way older vLLM read it, which this vLLM ignores with a warning. Its recipe's
+    data."""
+    name, port = RETIRED_ENV
+    data = recipe_data(container=name, port=port)
+    data["env"]["VLLM_ATTENTION_BACKEND"] = "TRITON_ATTN"
+    with own_container(dock, data):
+        yield data
+
+
+def test_a_variable_vllm_no_longer_reads_fails_exactly_the_env_known_check(pytester, tmp_path, dock, retired_env):
+    """The container has every variable its recipe sets (CONT-ENV passes): one of them does nothing."""
+    result, failed = run_against(pytester, tmp_path, dock, retired_env)
+    assert failed == ["CONT-ENV-KNOWN"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(["*expected: no \"Unknown vLLM environment variable\" in the log of the last start*",
+                                 "*found:    vLLM * ignores VLLM_ATTENTION_BACKEND (the recipe sets it; replaced by "
+                                 "the serve arg --attention-backend (the guide's: triton_attn))*"])
 
 
 def test_a_restart_policy_of_always_fails_the_restart_check(pytester, tmp_path, dock, good):

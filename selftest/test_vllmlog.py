@@ -96,6 +96,24 @@ def test_a_restarted_server_is_read_from_its_last_start():
     assert (f.kv_cache_gib, f.kv_tokens) == (2.0, 93_184)
 
 
+# vLLM's own warning for a VLLM_ variable it does not read (platforms/interface.py, validate_environ), logged by the
+# API server while it builds the engine's config, and again by the engine process.
+UNKNOWN = "({who}) WARNING 11-30 17:11:43 [interface.py:1457] Unknown vLLM environment variable detected: {var}\n"
+
+
+def test_the_variables_vllm_ignores_are_read_from_the_last_start_once_each():
+    lines = CPU_LOG.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if "non-default args" in line) + 1
+    warned = "".join(lines[:at] + [UNKNOWN.format(who=who, var=var) for who in ("APIServer pid=19042",
+                                                                                 "EngineCore pid=19124")
+                                   for var in ("VLLM_ATTENTION_BACKEND", "VLLM_USE_V1")] + lines[at:])
+    f = parse(warned)
+    assert f.unknown_env == ["VLLM_ATTENTION_BACKEND", "VLLM_USE_V1"]
+    assert f.summary()["unknown_env"] == "VLLM_ATTENTION_BACKEND, VLLM_USE_V1"
+    assert parse(CPU_LOG).unknown_env == []
+    assert parse(warned + "Traceback (most recent call last):\n" + CPU_LOG).unknown_env == []  # restarted without
+
+
 def test_a_log_that_says_nothing_yet():
     f = parse("(APIServer pid=7) INFO 11-30 17:11:42 [api_utils.py:286] non-default args: {'port': 8000}\n")
     assert f.starts == 0 and f.version is None and f.kv_tokens is None

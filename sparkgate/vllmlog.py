@@ -11,6 +11,7 @@ The lines are vLLM's own (v1 engine; the patterns follow its format strings, and
   or on the CPU engine "Explicitly set (K/T) GiB for KV cache on node N." / "Auto set (K/T) GiB ..."
 - KV cache tokens and concurrency: "GPU KV cache size: N tokens" and "Maximum concurrency for L tokens per
   request: Cx" (one line or two, by version; "CPU KV cache size" on the CPU engine)
+- variables it ignores: "Unknown vLLM environment variable detected: VLLM_X" (a warning, one per variable)
 - graphs: "Capturing CUDA graphs (decode, FULL)" / "(mixed prefill-decode, PIECEWISE)" progress bars,
   "Graph capturing finished in S secs, took G GiB", "Cudagraph is disabled under eager mode"
 
@@ -57,6 +58,7 @@ _CUDAGRAPH_MODE = [
 ]
 _ENFORCE_EAGER = re.compile(r"enforce_eager=(True|False)")
 _WEIGHTS = re.compile(rf"Model loading took {_NUM} GiB")
+_UNKNOWN_ENV = re.compile(r"Unknown vLLM environment variable detected: (\S+)")
 
 
 def _f(text: str) -> float:
@@ -82,6 +84,7 @@ class StartupFacts:
     graph_captures: list[str] = field(default_factory=list)  # e.g. "mixed prefill-decode, PIECEWISE"
     graph_capture_gib: float | None = None
     starts: int = 0  # how many starts the log holds (a restarted container logs one per start)
+    unknown_env: list[str] = field(default_factory=list)  # VLLM_ variables this vLLM does not read (ignored)
 
     @property
     def bytes_per_token(self) -> float | None:
@@ -106,6 +109,8 @@ class StartupFacts:
         out = {k: str(v) for k, v in asdict(self).items() if v not in (None, [])}
         if self.graph_captures:
             out["graph_captures"] = "; ".join(self.graph_captures)
+        if self.unknown_env:
+            out["unknown_env"] = ", ".join(self.unknown_env)
         if (bpt := self.bytes_per_token) is not None:
             out["kv_bytes_per_token"] = f"{bpt:.0f}"
         if (mode := self.graph_mode) is not None:
@@ -170,6 +175,7 @@ def parse(text: str) -> StartupFacts:
     facts.graph_captures = list(dict.fromkeys(f"{a}, {b}" for a, b in _CAPTURE.findall(part)))
     if m := _CAPTURE_DONE.search(part):
         facts.graph_capture_gib = _f(m.group(2))
+    facts.unknown_env = list(dict.fromkeys(_UNKNOWN_ENV.findall(part)))
     return facts
 
 

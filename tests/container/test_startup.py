@@ -26,6 +26,34 @@ def test_the_startup_log_states_the_servers_facts(check, live, record_property):
                + ", ".join(f"{k} {v}" for k, v in summary.items()))
 
 
+# Variables vLLM once read and now ignores, and what took their place: an image upgrade turns them into no-ops.
+_REPLACED = {
+    "VLLM_ATTENTION_BACKEND": "the serve arg --attention-backend (the guide's: triton_attn)",
+    "VLLM_USE_V1": "nothing: the V1 engine is the only one; remove it",
+}
+
+
+@pytest.mark.check(
+    "CONT-ENV-KNOWN",
+    why="vLLM ignores a VLLM_ variable it does not know, with one warning in its log: the setting the recipe relies "
+        "on (an attention backend, a kernel switch, a KV cache pin) is silently not made, and every figure is of a "
+        "server configured otherwise; a variable renamed or removed by a vLLM upgrade does this on a box that "
+        "served well the day before",
+    fix="correct the variable to one this vLLM reads (in the image: python3 -c \"import vllm.envs as e; "
+        "print(*sorted(e.environment_variables), sep=chr(10))\"), or set what replaced it, and recreate the container",
+)
+def test_every_vllm_variable_is_one_vllm_reads(check, live, recipe):
+    """vLLM MUST NOT log that a VLLM_ variable of the server is unknown to it (a setting silently not made)."""
+    f = live.facts
+    if f.version is None:
+        check.cannot_run("the container's log does not state the server's start (see CONT-LOG-FACTS)")
+    check.that(not f.unknown_env, expected="no \"Unknown vLLM environment variable\" in the log of the last start",
+               found="vLLM " + (f.version or "") + " ignores " + "; ".join(
+                   f"{var} ({'the recipe sets it' if var in recipe.env else 'not the recipe: the image or the box'}"
+                   + (f"; replaced by {_REPLACED[var]}" if var in _REPLACED else "") + ")"
+                   for var in f.unknown_env))
+
+
 @pytest.mark.check(
     "CONT-KV-BYTES",
     why="the recipe's KV bytes per token turns a context and a concurrency into memory (CONT-CONTEXT, the memory "
