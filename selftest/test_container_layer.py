@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -42,6 +44,7 @@ WRONG_ARCH = ("sg-arch", 18104)  # a recipe that names an amd64 image, run as it
 TWO_PINS = ("sg-pins", 18112)  # a recipe that pins the KV cache twice, by flag and by the CPU engine's variable
 QUIET = ("sg-quiet", 18113)  # a recipe whose server logs warnings only
 RETIRED_ENV = ("sg-env", 18114)  # a recipe that sets a variable vLLM no longer reads
+CRASHED = ("sg-crashed", 18115)  # a container whose server was killed once and restarted by its policy
 
 
 @pytest.fixture(scope="module")
@@ -312,6 +315,47 @@ def test_a_variable_vllm_no_longer_reads_fails_exactly_the_env_known_check(pytes
     result.stdout.fnmatch_lines(["*expected: no \"Unknown vLLM environment variable\" in the log of the last start*",
                                  "*found:    vLLM * ignores VLLM_ATTENTION_BACKEND (the recipe sets it; replaced by "
                                  "the serve arg --attention-backend (the guide's: triton_attn))*"])
+
+
+def _processes_of(container_id):
+    """The host pids of a container's processes: those whose cgroup path names it."""
+    pids = []
+    for cgroup in Path("/proc").glob("[0-9]*/cgroup"):
+        with contextlib.suppress(OSError):
+            if container_id in cgroup.read_text():
+                pids.append(int(cgroup.parent.name))
+    assert pids, f"no process of container {container_id[:12]} is visible here"
+    return pids
+
+
+@pytest.fixture
+def crashed(dock):
+    """The real vLLM in a container run as its recipe says (restart policy unless-stopped), whose processes were
+    killed once (SIGKILL from the host, as the OOM killer kills) and brought back by docker: serving again, with a
+    restart count of 1. Its recipe's data."""
+    name, port = CRASHED
+    data = recipe_data(container=name, port=port)
+    with own_container(dock, data):
+        container = dock.client.containers.get(name)
+        for pid in _processes_of(container.id):  # the engine's pid namespace hides State.Pid from here
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while container.attrs["RestartCount"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            container.reload()
+        assert container.attrs["RestartCount"] == 1, container.attrs["State"]
+        wait_serving(f"http://{dock.host.address}:{port}")
+        yield data
+
+
+def test_a_container_docker_restarted_after_its_server_died_fails_exactly_the_restart_count_check(
+        pytester, tmp_path, dock, crashed):
+    """It serves again and everything else is as the recipe says: the crash is what the check MUST report."""
+    result, failed = run_against(pytester, tmp_path, dock, crashed)
+    assert failed == ["CONT-RESTART-COUNT"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(["*expected: restarted 0 times since it was created, never OOM-killed*",
+                                 "*found:    restarted 1 time by its restart policy (unless-stopped) since it was "
+                                 "created at *; its server last died at *; its log holds 2 starts*"])
 
 
 def test_a_restart_policy_of_always_fails_the_restart_check(pytester, tmp_path, dock, good):

@@ -26,6 +26,28 @@ def test_the_startup_log_states_the_servers_facts(check, live, record_property):
                + ", ".join(f"{k} {v}" for k, v in summary.items()))
 
 
+@pytest.mark.check(
+    "CONT-RESTART-COUNT",
+    why="docker restarts a container whose server exited (its restart policy), and it comes back looking healthy: a "
+        "server that crashed or was OOM-killed is the defect, not the restart; on unified memory a restart loop after "
+        "an OOM left memory trapped on each restart until a reboot, and figures measured across a restart are of two "
+        "servers",
+    fix="read why it died: the container's log before its last start (docker logs NAME) and the kernel's OOM killer "
+        "lines (dmesg); fix the cause (the recipe's memory.*, a smaller --kv-cache-memory), then recreate the "
+        "container (docker rm -f NAME, start the recipe again) so that its count starts from zero",
+)
+def test_the_container_has_not_restarted_since_it_was_created(check, live):
+    """The container MUST NOT have been restarted by docker since it was created, nor been OOM-killed."""
+    state = live.attrs.get("State") or {}
+    count, oom = live.attrs.get("RestartCount") or 0, bool(state.get("OOMKilled"))
+    times = f"{count} time" + "s" * (count != 1)
+    check.that(count == 0 and not oom, expected="restarted 0 times since it was created, never OOM-killed",
+               found=f"restarted {times} by its restart policy ({live.restart_policy}) since it was created at "
+                     f"{str(live.attrs.get('Created', '?'))[:19]}; its server last died at "
+                     f"{str(state.get('FinishedAt', '?'))[:19]}" + (", killed by the OOM killer" if oom else "")
+                     + f"; its log holds {live.facts.starts} starts")
+
+
 # Variables vLLM once read and now ignores, and what took their place: an image upgrade turns them into no-ops.
 _REPLACED = {
     "VLLM_ATTENTION_BACKEND": "the serve arg --attention-backend (the guide's: triton_attn)",
