@@ -26,6 +26,10 @@ where kv_cache_memory_bytes is suggested and update it correspondingly.
 (EngineCore pid=860990) INFO 08-23 22:37:34 [kv_cache_utils.py:2235] GPU KV cache size: 1,209,295 tokens
 (EngineCore pid=860990) INFO 08-23 22:37:34 [kv_cache_utils.py:2239] Maximum concurrency for 131,072 tokens per \
 request: 9.23x
+(EngineCore pid=860990) INFO 08-23 22:37:20 [cuda.py:506] Using TRITON_ATTN attention backend out of potential \
+backends: ['TRITON_ATTN'].
+(EngineCore pid=860990) WARNING 08-23 22:37:31 [kv_cache.py:164] Using KV cache scaling factor 1.0 for fp8_e4m3. If \
+this is unintended, verify that k/v_scale scaling factors are properly set in the checkpoint.
 Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 67/67 [00:11<00:00,  5.66it/s]
 (EngineCore_DP0 pid=212) INFO 10-06 12:00:40 [gpu_model_runner.py:3480] Graph capturing finished in 8 secs, took \
 0.31 GiB
@@ -67,6 +71,14 @@ def test_a_pinned_gpu_start():
     assert (f.cudagraph_mode, f.enforce_eager) == ("PIECEWISE", False)
     assert f.graph_captures == ["mixed prefill-decode, PIECEWISE"] and f.graph_mode == "PIECEWISE"
     assert f.graph_capture_gib == 0.31
+
+
+def test_the_attention_backend_chosen_and_an_fp8_kv_cache_on_unit_scales_are_recorded():
+    f = parse(GPU_PINNED)
+    assert (f.attention_backend, f.kv_unit_scale) == ("TRITON_ATTN", "fp8_e4m3")
+    assert {k: f.summary()[k] for k in ("attention_backend", "kv_unit_scale")} == {
+        "attention_backend": "TRITON_ATTN", "kv_unit_scale": "fp8_e4m3"}
+    assert (parse(CPU_LOG).attention_backend, parse(CPU_LOG).kv_unit_scale) == (None, None)  # the CPU engine: none
 
 
 def test_an_unpinned_gpu_start_sized_from_free_memory():

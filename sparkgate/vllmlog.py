@@ -12,6 +12,11 @@ The lines are vLLM's own (v1 engine; the patterns follow its format strings, and
 - KV cache tokens and concurrency: "GPU KV cache size: N tokens" and "Maximum concurrency for L tokens per
   request: Cx" (one line or two, by version; "CPU KV cache size" on the CPU engine)
 - variables it ignores: "Unknown vLLM environment variable detected: VLLM_X" (a warning, one per variable)
+- the attention backend it chose: "Using TRITON_ATTN attention backend out of potential backends: [...]" (the GPU
+  platform; the CPU engine names none)
+- an FP8 KV cache running on unit scales: "Using KV cache scaling factor 1.0 for fp8_e4m3. If this is unintended,
+  ..." (the checkpoint carries no calibrated k/v scales: the failure that took GSM8K from 0.78 to 0.025, vLLM
+  PR #19292)
 - graphs: "Capturing CUDA graphs (decode, FULL)" / "(mixed prefill-decode, PIECEWISE)" progress bars,
   "Graph capturing finished in S secs, took G GiB", "Cudagraph is disabled under eager mode"
 
@@ -59,6 +64,8 @@ _CUDAGRAPH_MODE = [
 _ENFORCE_EAGER = re.compile(r"enforce_eager=(True|False)")
 _WEIGHTS = re.compile(rf"Model loading took {_NUM} GiB")
 _UNKNOWN_ENV = re.compile(r"Unknown vLLM environment variable detected: (\S+)")
+_ATTENTION = re.compile(r"Using (\w+) attention backend out of potential backends")
+_KV_UNIT_SCALE = re.compile(r"Using KV cache scaling factor 1\.0 for (\w+)")
 
 
 def _f(text: str) -> float:
@@ -85,6 +92,8 @@ class StartupFacts:
     graph_capture_gib: float | None = None
     starts: int = 0  # how many starts the log holds (a restarted container logs one per start)
     unknown_env: list[str] = field(default_factory=list)  # VLLM_ variables this vLLM does not read (ignored)
+    attention_backend: str | None = None  # as chosen, e.g. TRITON_ATTN, FLASH_ATTN (the GPU platform logs it)
+    kv_unit_scale: str | None = None  # the FP8 KV cache dtype running on scales of 1.0 (no calibrated k/v scales)
 
     @property
     def bytes_per_token(self) -> float | None:
@@ -176,6 +185,10 @@ def parse(text: str) -> StartupFacts:
     if m := _CAPTURE_DONE.search(part):
         facts.graph_capture_gib = _f(m.group(2))
     facts.unknown_env = list(dict.fromkeys(_UNKNOWN_ENV.findall(part)))
+    if m := _ATTENTION.search(part):
+        facts.attention_backend = m.group(1)
+    if m := _KV_UNIT_SCALE.search(part):
+        facts.kv_unit_scale = m.group(1)
     return facts
 
 
