@@ -93,8 +93,17 @@ VARIANTS = {
                                                    other_kernel_modules={"6.17.0-1008-nvidia": None}), "", []),
     "driver-at-exactly-the-minimum": (HostSpec(driver_version="590.48.01"), "", []),
     "less-total-memory": (HostSpec(mem_total_kb=64 * 1024**2, mem_available_kb=60 * 1024**2), None, []),
+    # A shard that lost its second half after it was written (a download cut short and renamed by hand, a bad disk).
+    "weights-cut-short": (HostSpec(hf_cut=("unsloth/Qwen3.8-27B-NVFP4", "model-00001-of-00002.safetensors")),
+                          "HOST-WEIGHTS-WHOLE",
+                          ["*found:    unsloth/Qwen3.8-27B-NVFP4: snapshots/*/model-00001-of-00002.safetensors "
+                           "(1,572,9* bytes) hashes to *, not to its name *; Intel/Qwen3-Coder-Next-int4-AutoRound: "
+                           "3 of 3 files, 0.00 GiB hashed*"]),
     "small-model-cache-disk": (HostSpec(setup_hook=SMALL_DISK), "HOST-DISK-FREE",
-                               ["*expected: >= 41 GiB (qwen3-coder-next-int4)*", "*/root/.cache*"]),
+                               ["*expected: >= 41 GiB (qwen3-coder-next-int4)*", "*/root/.cache*",
+                                "SKIPPED*[[]HOST-WEIGHTS-WHOLE[]] could not run: none of the selected models is in the "
+                                "Hugging Face cache at /root/.cache/huggingface yet (Intel/Qwen3-Coder-Next-int4-"
+                                "AutoRound, *): the first start downloads them*"]),
 }
 
 
@@ -160,6 +169,7 @@ EVERY_X = {  # the checks over a set, and what each found none of
     "HOST-BOOT-MODULE": "no bootable kernel found in /boot (vmlinuz-*)",
     "HOST-DPKG": "no linux or nvidia package found in dpkg's database*",
     "HOST-NO-COMPETITOR": "the host's processes could not be listed (ps -eww -o pid=,args=: *not found)",
+    "HOST-WEIGHTS-WHOLE": "no selected recipe loads its weights from the Hugging Face cache (hf_cache: true)*",
 }
 
 

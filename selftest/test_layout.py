@@ -7,6 +7,7 @@ import ast
 from pathlib import Path
 
 import networkx as nx
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE, SELFTEST, CHECKS = ROOT / "sparkgate", ROOT / "selftest", ROOT / "tests"
@@ -123,3 +124,13 @@ def test_no_acceptance_check_imports_the_plugin_or_its_session():
     """The checks under tests/ see the run through fixtures, never the plugin's module state."""
     bad = [(a, b) for a, b in imports(CHECKS, of=PACKAGE).edges if b in ("sparkgate.plugin", "sparkgate.session")]
     assert bad == [], f"acceptance checks importing the plugin or its session:\n  {_edges(bad)}"
+
+
+def test_a_check_that_asks_for_testinfras_host_is_refused_naming_the_fixture_that_is_the_box(pytester):
+    """testinfra's `host` is the machine pytest runs on (HOST-MEM-FREE once read the GPU memory of a container there,
+    not on the box): a check that asks for it MUST be a usage error that names `target_host`, never a local read."""
+    pytester.makepyfile(test_box="def test_reads_the_box(host):\n    host.run('true')\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret != pytest.ExitCode.OK and "1 error" in result.stdout.str(), result.stdout.str()
+    result.stdout.fnmatch_lines(["*test_reads_the_box asks for testinfra's `host` fixture, which is the machine pytest "
+                                 "runs on, not the box under test: ask for `target_host`*"])

@@ -27,6 +27,7 @@ class Level:
     counted_requests: int  # PERF-SERVER-*: requests timed against /metrics
     capacity_past_max_seqs: bool  # PERF-CAPACITY: one doubling past --max-num-seqs (requests queue: TTFT shows it)
     long_shapes: bool  # PERF-LONG-*, PERF-SUSTAINED: a ~30K-token prompt, sustained load
+    weights_gib: float = 0  # HOST-WEIGHTS-WHOLE: hash the smallest files of the cached model up to this; 0: every file
 
     def runs(self, check: str) -> bool:
         """Whether the check measures anything at this level (a long-shape check runs at extended only)."""
@@ -44,9 +45,9 @@ LEVELS = {
     # 3 a side: the fewest with which Welch's test on the logarithms sees twice as slow at p < 0.01 through a noisy
     # round (the project's self-tests gate a slowed engine at this level).
     "quick": Level("quick", "every layer; the fewest repetitions a verdict needs, a quarter of the output lengths; "
-                            "no long shapes",
+                            "no long shapes; the cached weights sampled (4 GiB of them hashed)",
                    output_share=0.25, natural_requests=2, forced_rounds=3, single_rounds=3, batch_rounds=3,
-                   counted_requests=2, capacity_past_max_seqs=False, long_shapes=False),
+                   counted_requests=2, capacity_past_max_seqs=False, long_shapes=False, weights_gib=4),
     # The gate's level, for regressions smaller than twice as slow: PERF-CONCURRENT's 5 bursts at c > 1 are the fewest
     # that flagged a 63% drop at 4 concurrent on the project's CI VM (3 bursts: p = 0.018, not flagged).
     "standard": Level("standard", "every layer, the repetitions the upgrade gate's statistic needs; no long shapes",

@@ -150,6 +150,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "_testinfra_host" in metafunc.fixturenames:  # testinfra's `host`: this machine, never the box under test
+        raise pytest.UsageError(f"{metafunc.definition.nodeid} asks for testinfra's `host` fixture, which is the "
+                                "machine pytest runs on, not the box under test: ask for `target_host`")
     if "recipe" in metafunc.fixturenames:
         selected = metafunc.config.stash[RUN].selected
         metafunc.parametrize("recipe", selected, ids=[r.name for r in selected], indirect=True, scope="session")
@@ -172,8 +175,9 @@ def _run(pytestconfig: pytest.Config) -> RunSession:
 
 
 @pytest.fixture(scope="session")
-def host(_run: RunSession) -> Any:
-    """The box under test as a testinfra host (overrides testinfra's own, module-scoped `host`)."""
+def target_host(_run: RunSession) -> Any:
+    """The box under test as a testinfra host. Not named `host`: testinfra's own `host` (the machine pytest runs on,
+    unless testinfra's --hosts says otherwise) would win over it in any module pytest loaded testinfra before."""
     return _run.host
 
 

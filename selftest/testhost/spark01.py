@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import hfmodel
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 FILES = HERE / "files"
@@ -89,6 +91,24 @@ MODEL_SERVERS = {
 }
 
 
+# The shipped GB10 recipes' models, in root's Hugging Face cache: the config as the hub serves it and stand-ins for the
+# weights (tens of GB cannot be here): one shard large enough to be an LFS file (named by its SHA-256), one small.
+HF_MODELS = ("Intel/Qwen3-Coder-Next-int4-AutoRound", "nvidia/Qwen3.6-35B-A3B-NVFP4", "unsloth/Qwen3.8-27B-NVFP4")
+
+
+def _stand_in_shard(model_id: str, size: int) -> bytes:
+    """A safetensors file of one uint8 tensor, `size` bytes of data derived from the model's name."""
+    header = json.dumps({"stand_in": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}}).encode()
+    seed = hashlib.sha256(model_id.encode()).digest()
+    return len(header).to_bytes(8, "little") + header + (seed * (size // len(seed) + 1))[:size]
+
+
+def hf_model_files(model_id: str) -> dict[str, bytes]:
+    config = json.dumps({"_name_or_path": model_id, "architectures": ["Qwen3ForCausalLM"]}, indent=2).encode()
+    return {"config.json": config, "model-00001-of-00002.safetensors": _stand_in_shard(model_id, 3 << 20),
+            "model-00002-of-00002.safetensors": _stand_in_shard(model_id, 4096)}
+
+
 @dataclass
 class HostSpec:
     """What the test host shows. The defaults are a GOOD DGX Spark; change one field to break it one way."""
@@ -130,6 +150,8 @@ class HostSpec:
     os_release: str | None = UBUNTU_NOBLE  # /etc/os-release; None: the rootfs's own (Debian 12)
     extra_packages: tuple[str, ...] = ()  # more Debian packages in the rootfs (e.g. docker.io); own cache
     setup_hook: str | None = None  # sh run in the host's namespaces before its init; $1 is the host's root
+    hf_models: tuple[str, ...] = HF_MODELS  # in root's Hugging Face cache (/root/.cache/huggingface)
+    hf_cut: tuple[str, str] | None = None  # (model, file) whose blob lost its second half
     # A real docker engine (Debian's docker.io) in the host: cgroups bound in, a data root that is not on the
     # overlay, dockerd started by init (no bridge, no iptables: containers use the host's network).
     docker: bool = False
@@ -497,6 +519,13 @@ class TestHost:
             "KbdInteractiveAuthentication no\nUsePAM no\nUseDNS no\nMaxSessions 64\nMaxStartups 64:30:128\n",
         )
         upper.copy(FILES / "init", "usr/local/lib/sparkgate-testhost/init")
+        for model_id in spec.hf_models:
+            cut = spec.hf_cut[1] if spec.hf_cut and spec.hf_cut[0] == model_id else None
+            blobs, links = hfmodel.layout(model_id, hf_model_files(model_id), cut)
+            for rel, content in blobs.items():
+                upper.path(f"root/.cache/huggingface/{rel}").write_bytes(content)
+            for rel, target in links.items():
+                upper.path(f"root/.cache/huggingface/{rel}").symlink_to(target)
         if spec.setup_hook:
             (self.rundir / "hook").write_text(spec.setup_hook)
         if spec.binds:

@@ -15,7 +15,8 @@ from sparkgate.units import GIB, MIB
         "pin a smaller KV cache with --kv-cache-memory in the recipe, or lower --gpu-memory-utilization (vLLM "
         "wants its grant free at start, though the grant bounds nothing)",
 )
-def test_available_memory_covers_every_selected_recipe(check, host, host_facts, selected_recipes, profiles):
+def test_available_memory_covers_every_selected_recipe(check, target_host, host_facts, selected_recipes,
+                                                       profiles):
     """MemAvailable (plus what a container the recipe replaces holds) MUST cover each selected recipe's memory
     budget plus the profile's OS reserve, and its --gpu-memory-utilization grant, which vLLM wants free at start."""
     if not selected_recipes:
@@ -24,7 +25,7 @@ def test_available_memory_covers_every_selected_recipe(check, host, host_facts, 
     for r in selected_recipes:
         held = host_facts.container(r.container_name)
         reclaimable = 0 if held is None else held.resident_bytes + gpu_mib_of_container(
-            host, host_facts, held.id) * MIB
+            target_host, host_facts, held.id) * MIB
         verdict = fit(r, profiles[r.profile], host_facts.mem_available_bytes, reclaimable,
                       f"container {r.container_name}")
         if not verdict.ok:

@@ -2,6 +2,7 @@
 
 import pytest
 
+from sparkgate import hfcache
 from sparkgate.units import GIB
 
 
@@ -70,3 +71,44 @@ def test_the_model_cache_has_room_for_the_weights(check, host_facts, selected_re
     free = host_facts.disk_free_bytes / GIB
     check.that(free >= largest.model.disk_gib, expected=f">= {largest.model.disk_gib:g} GiB ({largest.name})",
                found=f"{free:.1f} GiB free on {host_facts.disk_path}")
+
+
+@pytest.mark.check(
+    "HOST-WEIGHTS-WHOLE",
+    why="a download cut short, or a file damaged on disk, is loaded as weights that are not the model's (answers that "
+        "are wrong, or a load that fails after minutes); the Hugging Face cache names every file by the hash of its "
+        "content, so the box can check each one without a network",
+    fix="download the named files again: remove the blob and the snapshot link named, then `hf download MODEL` (or "
+        "`huggingface-cli download MODEL`) as the user whose cache the recipe mounts",
+)
+def test_the_cached_weights_are_whole(check, target_host, host_facts, selected_recipes, level):
+    """Every file of each selected recipe's model in the Hugging Face cache MUST hash to the name the cache keeps it
+    under (--level quick hashes the smallest files up to its sample)."""
+    cached = [r for r in selected_recipes if r.hf_cache]
+    if not cached:
+        check.cannot_run("no selected recipe loads its weights from the Hugging Face cache (hf_cache: true)",
+                         "--recipe qwen38-27b-nvfp4")
+    if not host_facts.hf_cache:
+        check.cannot_run("the Hugging Face cache's path could not be read on the box (HF_HOME, else "
+                         "~/.cache/huggingface)")
+    budget = int(level.weights_gib * GIB)
+    damaged, checked, absent, notes = [], [], [], []
+    for recipe in cached:
+        res = target_host.run(hfcache.command(host_facts.hf_cache, recipe.model.id, budget))
+        model = hfcache.parse(res.stdout)
+        if not model.present:
+            absent.append(recipe.model.id)
+            continue
+        damaged += [f"{recipe.model.id}: {b} hashes to {b.actual or 'nothing'}, not to its name {b.name}"
+                    for b in model.damaged]
+        hashed = model.hashed
+        checked.append(f"{recipe.model.id}: {len(hashed)} of {len(model.blobs)} files, "
+                       f"{sum(b.size for b in hashed) / GIB:.2f} GiB hashed")
+        if model.incomplete:
+            notes.append(f"{recipe.model.id}: {len(model.incomplete)} download(s) never finished "
+                         "(blobs/*.incomplete)")
+    if not checked:
+        check.cannot_run(f"none of the selected models is in the Hugging Face cache at {host_facts.hf_cache} yet "
+                         f"({', '.join(absent)}): the first start downloads them")
+    check.that(not damaged, expected="every file of the cached models hashes to its name",
+               found="; ".join(damaged + checked + notes + [f"{m}: not in the cache yet" for m in absent]))
