@@ -1,6 +1,7 @@
 """The cached weights check's reading of the Hugging Face cache, run here with this machine's sh and coreutils on a
 cache laid out as the hub client lays it out, holding the embedded model's real files."""
 
+import shutil
 import subprocess
 
 from hypothesis import given
@@ -71,3 +72,14 @@ def test_an_absent_model_unfinished_downloads_and_odd_names_are_told_apart(tmp_p
 def test_any_output_parses_without_raising_and_trusts_no_malformed_hash(text):
     model = hfcache.parse(text)
     assert all(len(b.name) in (40, 64) for b in model.blobs)
+
+
+def test_a_box_without_the_hash_tools_is_told_apart_from_a_damaged_model(tmp_path):
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("sh", "ls", "stat", "cat", "find", "readlink", "basename"):  # coreutils, less the two hashes
+        (bare / tool).symlink_to(shutil.which(tool))
+    out = subprocess.run(hfcache.command(cache(tmp_path), MODEL_ID), shell=True, capture_output=True, text=True,
+                         env={"PATH": str(bare)}, executable="/bin/sh")
+    model = hfcache.parse(out.stdout)
+    assert not model.present and "sha256sum" in model.unreadable and not model.damaged

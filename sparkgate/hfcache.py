@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 _SCRIPT = r"""
 set -f
 d="$1"; budget="$2"; done=0
+command -v sha256sum >/dev/null && command -v sha1sum >/dev/null || { echo NOTOOLS; exit 0; }
 [ -d "$d" ] || { echo ABSENT; exit 0; }
 cd "$d/blobs" 2>/dev/null || { echo NOBLOBS; exit 0; }
 ls -Sr | while IFS= read -r f; do
@@ -70,6 +71,7 @@ class Blob:
 @dataclass
 class CachedModel:
     present: bool
+    unreadable: str = ""  # why the box could not hash it (no sha256sum)
     blobs: list[Blob] = field(default_factory=list)
     incomplete: list[str] = field(default_factory=list)  # downloads never finished (<hash>.incomplete)
     unnamed: int = 0  # files under blobs/ whose name is not a hash
@@ -86,6 +88,8 @@ class CachedModel:
 def parse(output: str) -> CachedModel:
     """What command() printed. Lines that are not its own are ignored; a hash that is not one is never trusted."""
     lines = output.splitlines()
+    if lines and lines[0].strip() == "NOTOOLS":
+        return CachedModel(present=False, unreadable="the box has no sha256sum and sha1sum (coreutils)")
     if not lines or lines[0].strip() in ("ABSENT", "NOBLOBS"):
         return CachedModel(present=False)
     model, by_name = CachedModel(present=True), {}

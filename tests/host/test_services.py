@@ -93,20 +93,22 @@ def test_the_cached_weights_are_whole(check, target_host, host_facts, selected_r
                          "~/.cache/huggingface)")
     budget = int(level.weights_gib * GIB)
     damaged, checked, absent, notes = [], [], [], []
-    for recipe in cached:
-        res = target_host.run(hfcache.command(host_facts.hf_cache, recipe.model.id, budget))
+    for model_id in dict.fromkeys(r.model.id for r in cached):
+        res = target_host.run(hfcache.command(host_facts.hf_cache, model_id, budget))
         model = hfcache.parse(res.stdout)
+        if res.rc != 0 or model.unreadable:
+            check.cannot_run(f"{model_id}'s files could not be hashed on the box: "
+                             + (model.unreadable or f"exit {res.rc}: {res.stderr.strip()[:200]}"))
         if not model.present:
-            absent.append(recipe.model.id)
+            absent.append(model_id)
             continue
-        damaged += [f"{recipe.model.id}: {b} hashes to {b.actual or 'nothing'}, not to its name {b.name}"
+        damaged += [f"{model_id}: {b} hashes to {b.actual or 'nothing'}, not to its name {b.name}"
                     for b in model.damaged]
         hashed = model.hashed
-        checked.append(f"{recipe.model.id}: {len(hashed)} of {len(model.blobs)} files, "
+        checked.append(f"{model_id}: {len(hashed)} of {len(model.blobs)} files, "
                        f"{sum(b.size for b in hashed) / GIB:.2f} GiB hashed")
         if model.incomplete:
-            notes.append(f"{recipe.model.id}: {len(model.incomplete)} download(s) never finished "
-                         "(blobs/*.incomplete)")
+            notes.append(f"{model_id}: {len(model.incomplete)} download(s) never finished (blobs/*.incomplete)")
     if not checked:
         check.cannot_run(f"none of the selected models is in the Hugging Face cache at {host_facts.hf_cache} yet "
                          f"({', '.join(absent)}): the first start downloads them")
