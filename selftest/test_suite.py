@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import httpx
 import jsonschema
@@ -30,6 +31,8 @@ from .helpers import (
     broken_recipe,
     cpu_quota,
     embedded_recipe_dir,
+    local_mem_available,
+    move_port,
     run_suite,
     server_group,
     sparkgate_cli,
@@ -37,6 +40,7 @@ from .helpers import (
 from .terminal import Terminal
 
 UNREACHABLE = "ssh://root@127.0.0.1:9"  # loopback, nothing listens: refused at once
+DRAFTING_PORT = 18016  # the embedded model drafting with a copy of itself
 
 
 def one_error_and_the_rest_skipped(result):
@@ -258,6 +262,69 @@ def test_another_client_on_the_server_fails_the_token_count(pytester, embedded_s
     counts = re.search(r"found:    one at a time: client (\d+), server \+(\d+); 4 at once: client (\d+), server "
                        r"\+(\d+)", result.stdout.str())
     assert counts and int(counts[2]) > int(counts[1]) and int(counts[4]) > int(counts[3]), result.stdout.str()[-3000:]
+
+
+def speculative(config):
+    """A change to the embedded recipe: it declares speculative decoding with `config` (--speculative-config)."""
+    return lambda data: data["serve_args"].extend(["--speculative-config", json.dumps(config)])
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+
+# A draft that is the target itself: the rejection sampler accepts a draft token with probability min(1, p/q) = 1.
+SELF_DRAFT_ACCEPTANCE = {
+    "figure": 1.0, "basis": "measured-here", "unit": "ratio",
+    "measured": "48 of 48 draft tokens accepted, greedy, one request of 64 tokens",
+    "source": "sparkgate's self-tests on the embedded model drafting with a copy of itself, vLLM 0.32 CPU, 2026-12-04",
+    "stated": 0.5, "stated_source": "a draft identical to the target is accepted with probability min(1, p/q) = 1 "
+                                    "(Leviathan et al., 2023): half is far below any working engine",
+}
+
+
+@pytest.fixture
+def self_drafting_server(tmp_path):
+    """The embedded model on the real engine, drafting with a copy of itself (--speculative-config method
+    draft_model): greedy, every draft is accepted (48 of 48 measured here); at the temperature the perf checks
+    sample at (0.3), vLLM 0.32's CPU engine accepted 0 to 3% of them (0 of 1,134 twice, 28 of 1,014) and its answers
+    turned to word salad. A drafting path broken inside the engine: (its recipes folder, the server)."""
+    from sparkgate import embedded
+    from sparkgate.launch import serving
+    from sparkgate.recipes import load_profiles
+
+    model = embedded.path("embedded:smollm2", Path(os.environ["SPARKGATE_CACHE"]))
+    recipes = Path(broken_recipe(tmp_path, speculative({"method": "draft_model", "model": str(model),
+                                                         "num_speculative_tokens": 3})))
+    data = yaml.safe_load((recipes / "smollm2-cpu.yaml").read_text())
+    move_port(data, DRAFTING_PORT)
+    data["floors"]["spec_acceptance"] = SELF_DRAFT_ACCEPTANCE
+    (recipes / "smollm2-cpu.yaml").write_text(yaml.safe_dump(data))
+    with serving(load_recipes(recipes)["smollm2-cpu"], load_profiles()["cpu"], local_mem_available, print, 600) as srv:
+        yield recipes, srv
+
+
+def test_a_server_that_rejects_the_drafts_of_its_own_copy_fails_the_speculative_decoding_check(pytester, self_drafting_server):
+    """The real engine drafts with a copy of the model and rejects nearly every draft: PERF-SPEC-ACCEPT MUST fail
+    against the floor a draft identical to its target must reach."""
+    recipes, srv = self_drafting_server
+    result = run_suite(pytester, "-m", "perf", f"--recipes-dir={recipes}", "--recipe=smollm2-cpu",
+                       f"--base-url={srv.base_url}", "-k", "speculative", "--level=quick")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*expected: >= 0.5 ratio of draft tokens accepted (the higher of 0.5 ratio stated*",
+                                 "*found:    0.* (* of * draft tokens) over 6 requests on smollm2-cpu, shape*"])
+
+
+def test_a_server_that_does_not_draft_fails_the_speculative_decoding_check(pytester, tmp_path, embedded_server):
+    """The recipe declares speculative decoding and the server runs without it (the flag never reached it, or MTP
+    heads missing): PERF-SPEC-ACCEPT MUST fail, saying speculative decoding is not running."""
+    result = run_suite(pytester, "-m", "perf", f"--recipes-dir={broken_recipe(tmp_path, speculative(NGRAM))}",
+                       "--recipe=smollm2-cpu", f"--base-url={embedded_server.base_url}", "-k", "speculative",
+                       "--level=quick")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*expected: vllm:spec_decode_num_draft_tokens_total grows (declared: "
+                                 "--speculative-config method ngram)*",
+                                 "*found:    no draft tokens over 6 requests on smollm2-cpu: speculative decoding is "
+                                 "not running*"])
 
 
 def test_the_long_shapes_and_the_whole_capacity_sweep_pass_at_the_extended_level(pytester, embedded_server, tmp_path):

@@ -141,7 +141,7 @@ class Floor(_Strict):
 
     @property
     def share_min(self) -> float:
-        return round(self.figure * FLOOR_SHARE[self.basis], 1)
+        return round(self.figure * FLOOR_SHARE[self.basis], 3 if self.unit == "ratio" else 1)  # a ratio is below 1
 
     @property
     def min(self) -> float:
