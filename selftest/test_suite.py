@@ -303,7 +303,8 @@ def self_drafting_server(tmp_path):
         yield recipes, srv
 
 
-def test_a_server_that_rejects_the_drafts_of_its_own_copy_fails_the_speculative_decoding_check(pytester, self_drafting_server):
+def test_a_server_that_rejects_the_drafts_of_its_own_copy_fails_the_speculative_decoding_check(
+        pytester, self_drafting_server):
     """The real engine drafts with a copy of the model and rejects nearly every draft: PERF-SPEC-ACCEPT MUST fail
     against the floor a draft identical to its target must reach."""
     recipes, srv = self_drafting_server
