@@ -3,6 +3,7 @@ cache laid out as the hub client lays it out, holding the embedded model's real 
 
 import shutil
 import subprocess
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -68,10 +69,19 @@ def test_an_absent_model_unfinished_downloads_and_odd_names_are_told_apart(tmp_p
     assert not (tmp_path / "pwned").exists() and not list(tmp_path.rglob("pwned"))
 
 
+def test_a_snapshot_path_with_markup_is_never_quoted(tmp_path):
+    root = cache(tmp_path)
+    snapshot = next((tmp_path / f"hub/models--{MODEL_ID.replace('/', '--')}/snapshots").iterdir())
+    (snapshot / "<img src=x onerror=alert(1)>.json").symlink_to(Path(snapshot / "config.json").readlink())
+    files = [f for b in read(root).blobs for f in b.files]
+    assert "snapshots/(a path with odd characters)" in files and not any("<" in f for f in files)
+
+
 @given(st.text())
 def test_any_output_parses_without_raising_and_trusts_no_malformed_hash(text):
     model = hfcache.parse(text)
     assert all(len(b.name) in (40, 64) for b in model.blobs)
+    assert not any(c in f for b in model.blobs for f in b.files for c in "<>&\"'`$\n")
 
 
 def test_a_box_without_the_hash_tools_is_told_apart_from_a_damaged_model(tmp_path):

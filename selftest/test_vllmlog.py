@@ -123,6 +123,7 @@ def test_the_variables_vllm_ignores_are_read_from_the_last_start_once_each():
     assert f.unknown_env == ["VLLM_ATTENTION_BACKEND", "VLLM_USE_V1"]
     assert f.summary()["unknown_env"] == "VLLM_ATTENTION_BACKEND, VLLM_USE_V1"
     assert parse(CPU_LOG).unknown_env == []
+    assert parse(UNKNOWN.format(who="APIServer pid=1", var="<img src=x onerror=alert(1)>")).unknown_env == []
     assert parse(warned + "Traceback (most recent call last):\n" + CPU_LOG).unknown_env == []  # restarted without
 
 

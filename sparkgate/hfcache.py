@@ -39,6 +39,8 @@ cd "$d" && find snapshots -type l 2>/dev/null | while read -r l; do echo "LINK $
 """
 
 _HASH = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+# A snapshot path as it goes into a message: no control characters, nothing markup or a shell would read.
+_PATH = re.compile(r"^snapshots/[^\x00-\x1f\x7f<>&\"'`$\\]+$")
 
 
 def model_dir(hf_cache: str, model_id: str) -> str:
@@ -108,7 +110,8 @@ def parse(output: str) -> CachedModel:
                 model.unnamed += 1
                 continue
             elif kind == "LINK" and len(parts) >= 2 and parts[0] in by_name:
-                by_name[parts[0]].files.append(" ".join(parts[1:]))
+                path = " ".join(parts[1:])
+                by_name[parts[0]].files.append(path if _PATH.match(path) else "snapshots/(a path with odd characters)")
                 continue
             else:
                 continue

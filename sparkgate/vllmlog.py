@@ -63,7 +63,7 @@ _CUDAGRAPH_MODE = [
 ]
 _ENFORCE_EAGER = re.compile(r"enforce_eager=(True|False)")
 _WEIGHTS = re.compile(rf"Model loading took {_NUM} GiB")
-_UNKNOWN_ENV = re.compile(r"Unknown vLLM environment variable detected: (\S+)")
+_UNKNOWN_ENV = re.compile(r"Unknown vLLM environment variable detected: (VLLM_[A-Za-z0-9_]+)")  # a name, nothing else
 _ATTENTION = re.compile(r"Using (\w+) attention backend out of potential backends")
 _KV_UNIT_SCALE = re.compile(r"Using KV cache scaling factor 1\.0 for (\w+)")
 
