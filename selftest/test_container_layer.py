@@ -217,12 +217,16 @@ def test_a_moving_tag_pulled_again_replaces_the_running_container(pytester, tmp_
 
 
 @contextlib.contextmanager
-def own_container(dock, data):
-    """The real vLLM in a container of its own, run as the recipe `data` says and serving; removed after."""
+def own_container(dock, where, change=lambda data: None):
+    """The real vLLM in a container of its own, named and published as `where` (name, port), run as the docker test
+    recipe with `change` applied says, and serving: (its recipe's data, the container); removed after."""
+    name, port = where
+    data = recipe_data(container=name, port=port)
+    change(data)
     container = dock.client.containers.run(**run_kwargs(as_recipe(data)))
     try:
-        wait_serving(f"http://{dock.host.address}:{data['port']}")
-        yield data
+        wait_serving(f"http://{dock.host.address}:{port}")
+        yield data, container
     finally:
         container.remove(force=True)
 
@@ -237,10 +241,7 @@ def run_against(pytester, tmp_path, dock, data):
 def wrong_arch(dock):
     """The real vLLM in a container of the amd64-labelled image, started as its recipe says (the one drift that
     needs a container of its own: the good container runs the arm64 image): its recipe's data."""
-    name, port = WRONG_ARCH
-    data = recipe_data(container=name, port=port)
-    data["image"] = IMAGE_AMD64
-    with own_container(dock, data):
+    with own_container(dock, WRONG_ARCH, lambda d: d.update(image=IMAGE_AMD64)) as (data, _):
         yield data
 
 
@@ -256,10 +257,8 @@ def two_pins(dock):
     """The real vLLM in a container run as its recipe says: --kv-cache-memory-bytes 512M (512 MiB) in the serve args
     and VLLM_CPU_KVCACHE_SPACE=1 (1 GiB) in the env, of which the CPU engine takes the variable and ignores the flag.
     Its recipe's data."""
-    name, port = TWO_PINS
-    data = recipe_data(container=name, port=port)
-    data["serve_args"] += ["--kv-cache-memory-bytes", "512M"]
-    with own_container(dock, data):
+    with own_container(dock, TWO_PINS, lambda d: d["serve_args"].extend(["--kv-cache-memory-bytes", "512M"])) as (
+            data, _):
         yield data
 
 
@@ -276,10 +275,7 @@ def test_an_engine_that_ignores_the_kv_pin_fails_exactly_the_kv_size_check(pytes
 def quiet(dock):
     """The real vLLM in a container run as its recipe says, with VLLM_LOGGING_LEVEL=WARNING: its log states none of
     its startup facts. Its recipe's data."""
-    name, port = QUIET
-    data = recipe_data(container=name, port=port)
-    data["env"]["VLLM_LOGGING_LEVEL"] = "WARNING"
-    with own_container(dock, data):
+    with own_container(dock, QUIET, lambda d: d["env"].update(VLLM_LOGGING_LEVEL="WARNING")) as (data, _):
         yield data
 
 
@@ -302,10 +298,8 @@ def retired_env(dock):
     """The real vLLM in a container run as its recipe says, with VLLM_ATTENTION_BACKEND=TRITON_ATTN in its env: the
     guide's attention backend set the way older vLLM read it, which this vLLM ignores with a warning. Its recipe's
     data."""
-    name, port = RETIRED_ENV
-    data = recipe_data(container=name, port=port)
-    data["env"]["VLLM_ATTENTION_BACKEND"] = "TRITON_ATTN"
-    with own_container(dock, data):
+    with own_container(dock, RETIRED_ENV, lambda d: d["env"].update(VLLM_ATTENTION_BACKEND="TRITON_ATTN")) as (
+            data, _):
         yield data
 
 
@@ -334,10 +328,7 @@ def crashed(dock):
     """The real vLLM in a container run as its recipe says (restart policy unless-stopped), whose processes were
     killed once (SIGKILL from the host, as the OOM killer kills) and brought back by docker: serving again, with a
     restart count of 1. Its recipe's data."""
-    name, port = CRASHED
-    data = recipe_data(container=name, port=port)
-    with own_container(dock, data):
-        container = dock.client.containers.get(name)
+    with own_container(dock, CRASHED) as (data, container):
         for pid in _processes_of(container.id):  # the engine's pid namespace hides State.Pid from here
             os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
@@ -345,7 +336,7 @@ def crashed(dock):
             time.sleep(0.5)
             container.reload()
         assert container.attrs["RestartCount"] == 1, container.attrs["State"]
-        wait_serving(f"http://{dock.host.address}:{port}")
+        wait_serving(f"http://{dock.host.address}:{data['port']}")
         yield data
 
 
