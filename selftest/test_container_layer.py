@@ -330,7 +330,8 @@ def crashed(dock):
     restart count of 1. Its recipe's data."""
     with own_container(dock, CRASHED) as (data, container):
         for pid in _processes_of(container.id):  # the engine's pid namespace hides State.Pid from here
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # gone with its namespace's first process
+                os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while container.attrs["RestartCount"] < 1 and time.monotonic() < deadline:
             time.sleep(0.5)
