@@ -119,6 +119,33 @@ def test_a_broken_spark_fails_exactly_the_guarding_check(pytester, variant):
     result.stdout.fnmatch_lines(lines)
 
 
+def test_a_gpu_fault_the_kernel_logged_during_the_run_fails_exactly_the_kernel_log_check(pytester):
+    """An Xid and an uncorrected AER error written into the kernel log (this machine's, which is the test host's) after
+    the run began, as NVIDIA's driver and the kernel print them: the kernel log check fails quoting both, counts the
+    corrected AER line without failing on it, and no other check moves."""
+    with TestHost(HostSpec()) as host:
+        result, failed = host_layer(pytester, host, "-k", DOCKER, "-p", "selftest.kmsg_fault")
+    assert failed == ["HOST-KERNEL-LOG"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines([
+        "*expected: no NVRM Xid and no uncorrected PCIe AER line after [[]*[]] (the run's start, `dmesg`)*",
+        "*found:    1 NVRM Xid line(s): [[]*[]] sparkgate-selftest (not a real fault): NVRM: Xid (PCI:0000:0f:01): 79, "
+        "*GPU has fallen off the bus.; 1 uncorrected PCIe AER line(s): [[]*[]] *AER: Uncorrected (Fatal) error message "
+        "received from 000f:01:00.0; 1 corrected PCIe AER line(s) (recorded, not judged)*",
+        "*docs.nvidia.com/deploy/xid-errors*"])
+
+
+def test_a_box_whose_kernel_log_no_command_can_read_could_not_run_the_kernel_log_check(pytester):
+    """Without dmesg and journalctl (a minimal image) the kernel log check could not run, naming what it tried and who
+    may read the log; it never passes on a log it did not read."""
+    no_reader = 'rm -f "$1/usr/bin/dmesg" "$1/bin/dmesg" "$1/usr/bin/journalctl" "$1/bin/journalctl"'
+    with TestHost(HostSpec(setup_hook=no_reader)) as host:
+        result, failed = host_layer(pytester, host, "-k", "kernel_log")
+    assert failed == [] and result.parseoutcomes().get("skipped") == 1, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["SKIPPED*[[]HOST-KERNEL-LOG[]] could not run: the kernel log could not be read on the "
+                                 "box (`dmesg`: *dmesg: *not found; `journalctl -k -b *`: *not found) (to run it: "
+                                 "dmesg (util-linux) or journalctl on the box, read as root or as a user in the adm*"])
+
+
 def test_a_grant_bigger_than_what_is_free_fails_the_memory_check(pytester, tmp_path):
     """vLLM will not start unless its --gpu-memory-utilization grant is free (the guide: 'Free memory on device ...
     is less than desired GPU memory utilization (0.8, 97.35 GiB)'): the 27B's budget fits 100 GiB available, its

@@ -13,6 +13,7 @@ import pytest
 from .checks import Check
 from .compare import TOLERANCE_PCT
 from .hostfacts import HostFacts
+from .kernellog import KernelLog
 from .launch import NeedsTakeOver, Occupied, Server, StartError, serving
 from .launch.base import wait_ready
 from .launch.docker_engine import DockerEngine
@@ -132,6 +133,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: the {name} layer (applied from the tests/{name} folder)")
     config.addinivalue_line("markers", "extended: long shapes (30K-token prompts, sustained load): --level extended")
     config.addinivalue_line("markers", "check(id, why, fix): the stable ID of an acceptance check")
+    config.addinivalue_line("markers", "run_end: judges the whole run, so it runs after every recipe's checks")
     for option in ("hosts", "connection"):  # testinfra's: accepted by pytest, silently meaning the local machine
         if getattr(config.option, option, None):
             raise pytest.UsageError(f"--{option} is testinfra's option, and sparkgate does not read it: the box is "
@@ -184,6 +186,12 @@ def target_host(_run: RunSession) -> Any:
 @pytest.fixture(scope="session")
 def host_facts(_run: RunSession) -> HostFacts:
     return _run.facts
+
+
+@pytest.fixture(scope="session")
+def kernel_log_at_start(_run: RunSession) -> KernelLog | None:
+    """The box's kernel log as the run began (None: the run never reached the box)."""
+    return _run.kernel_log_at_start
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from . import __version__, commit, redact
+from . import __version__, commit, kernellog, redact
 from .checks import Check
 from .compare import ALPHA, compare_figure, key
 from .hostfacts import HostFacts, gather, gpu_mib_of_container, matching_profile
@@ -86,6 +86,7 @@ class RunSession:
         self._docker: DockerEngine | None = None
         self.lock: HostLock | None = None
         self._journal: Journal | None = None
+        self.kernel_log_at_start: kernellog.KernelLog | None = None
         self._saved_handlers: dict[int, Any] = {}
         # Secrets the run knows before it starts: they are masked in everything it writes.
         redact.secret(opt.sg_api_key)
@@ -314,6 +315,7 @@ class RunSession:
         self.teardown_on_every_signal()  # from here on the run may change the box: every signal tears down
         self.take_the_host()
         facts = self.facts
+        self.kernel_log_at_start = kernellog.read(self.host.run)  # what HOST-KERNEL-LOG counts from
         self.select_for_host()
         chosen = {r.name for r in self.selected}
         keep, drop = [], []
@@ -330,8 +332,9 @@ class RunSession:
             for item in drop:
                 item.add_marker(pytest.mark.skip(reason=reason))
         order = {r.name: i for i, r in enumerate(self.selected)}
-        session.items.sort(key=lambda item: (layer(item) != "host", order.get(recipe_of(item), -1),
-                                             LAYERS.index(layer(item) or "host")))
+        # The host layer, then each recipe's layers in turn, then what judges the whole run (marked run_end).
+        session.items.sort(key=lambda item: (2 if item.get_closest_marker("run_end") else layer(item) != "host",
+                                             order.get(recipe_of(item), -1), LAYERS.index(layer(item) or "host")))
         self.environment.update(facts.summary())
         self.environment["sparkgate"] = f"{__version__} (commit {commit()})"
         self.environment["level"] = f"{self.level.name}: {self.level.summary}"
