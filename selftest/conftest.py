@@ -46,3 +46,16 @@ def embedded_server(tmp_path_factory):
     recipe = load_recipes(embedded_recipe_dir(tmp_path_factory.mktemp("embedded")))["smollm2-cpu"]
     with serving(recipe, load_profiles()["cpu"], local_mem_available, print, 600) as srv:
         yield srv
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Each test file's share of the run (setup, call and teardown together), longest first: where CI's time goes."""
+    spent: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if hasattr(report, "duration") and hasattr(report, "nodeid"):
+                spent[report.nodeid.split("::")[0]] = spent.get(report.nodeid.split("::")[0], 0) + report.duration
+    if spent:
+        terminalreporter.write_sep("=", "time per test file")
+        for path, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
