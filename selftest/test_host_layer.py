@@ -93,6 +93,14 @@ VARIANTS = {
                                                    other_kernel_modules={"6.17.0-1008-nvidia": None}), "", []),
     "driver-at-exactly-the-minimum": (HostSpec(driver_version="590.48.01"), "", []),
     "less-total-memory": (HostSpec(mem_total_kb=64 * 1024**2, mem_available_kb=60 * 1024**2), None, []),
+    # The guide's refusal: "Free memory on device cuda:0 (24.7/121.69 GiB)", with the rest of what MemAvailable counts
+    # held by the page cache (an earlier model's weights, read once): MemAvailable covers every grant, MemFree none.
+    "page-cache-holds-a-model": (HostSpec(mem_free_kb=int(24.7 * 1024**2)), "HOST-MEM-CACHE",
+                                 ["*found:    MemFree 24.7 GiB of MemAvailable 113.1 GiB: 88.4 GiB is page cache and "
+                                  "kernel memory the kernel would reclaim, which vLLM counts as used; "
+                                  "qwen3-coder-next-int4's grant is 0.65 x 121.69 = 79.1 GiB; qwen36-35b-a3b-nvfp4's "
+                                  "grant is 0.5 x 121.69 = 60.8 GiB; qwen38-27b-nvfp4's grant is 0.65 x 121.69 = 79.1 "
+                                  "GiB*", "*sync && echo 3 | sudo tee /proc/sys/vm/drop_caches*"]),
     # A shard that lost its second half after it was written (a download cut short and renamed by hand, a bad disk).
     "weights-cut-short": (HostSpec(hf_cut=("unsloth/Qwen3.8-27B-NVFP4", "model-00001-of-00002.safetensors")),
                           "HOST-WEIGHTS-WHOLE",

@@ -65,6 +65,7 @@ class HostFacts(BaseModel):
     cpu_model: str = ""  # lscpu's "Model name"
     mem_total_bytes: int
     mem_available_bytes: int
+    mem_free_bytes: int | None = None  # MemFree: what vLLM's start check sees as free on unified memory
     nvidia_smi: str | None = None  # path, None when not installed
     nvidia_smi_error: str | None = None  # what nvidia-smi said when it failed
     gpus: list[Gpu] = []
@@ -262,6 +263,7 @@ def gather(host: Any, target: str) -> HostFacts:
         cpu_model=parse_lscpu_model(host.run("lscpu").stdout),
         mem_total_bytes=meminfo["MemTotal"],
         mem_available_bytes=meminfo["MemAvailable"],
+        mem_free_bytes=meminfo.get("MemFree"),
         nvidia_smi=host.find_command("nvidia-smi") if host.exists("nvidia-smi") else None,
     )
     module_version = host.file("/sys/module/nvidia/version")

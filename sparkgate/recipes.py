@@ -42,6 +42,7 @@ class Profile(_Strict):
     gpu: GpuSpec | None = Field(None, description="null: the class has no NVIDIA GPU")
     min_driver: str | None = None
     memory_gib: float | None = Field(None, description="usable (unified) memory of the class")
+    unified_memory: bool = Field(False, description="the GPU and the OS share one pool (GB10): the page cache is in it")
     memory_bandwidth_gbs: float | None = Field(None, description="decode roofline; null: unknown")
     memory_bandwidth_source: str = Field("", description="where the bandwidth figure is published")
     os_reserve_gib: float = Field(description="kept free for the OS and other services at start")

@@ -146,6 +146,7 @@ class HostSpec:
     nvml_mismatch: bool | None = None  # None: as on a real box, when the loaded module != driver_version
     mem_total_kb: int = 127600748  # /proc/meminfo, recorded from an idle Spark
     mem_available_kb: int = 118566368
+    mem_free_kb: int | None = None  # None: an idle box's; less: page cache holds the rest (a model read once)
     model_servers: list[str] = field(default_factory=list)  # keys of MODEL_SERVERS, running in the host
     os_release: str | None = UBUNTU_NOBLE  # /etc/os-release; None: the rootfs's own (Debian 12)
     extra_packages: tuple[str, ...] = ()  # more Debian packages in the rootfs (e.g. docker.io); own cache
@@ -320,11 +321,14 @@ ShmemHugePages 0|ShmemPmdMapped 0|FileHugePages 0|FilePmdMapped 0|Balloon 0|Huge
 HugePages_Free 0|HugePages_Rsvd 0|HugePages_Surp 0|Hugepagesize 2048|Hugetlb 0"""
 
 
-def meminfo(total_kb: int, available_kb: int) -> str:
+def meminfo(total_kb: int, available_kb: int, free_kb: int | None = None) -> str:
     """A /proc/meminfo in the kernel's format (all the usual lines, in kB) with these MemTotal and
-    MemAvailable; the other values are made up to agree with them."""
+    MemAvailable (and MemFree, if given: the rest of what is available is page cache); the other values are made up
+    to agree with them."""
     cached, sreclaim = min(available_kb // 20, 5_893_120), min(available_kb // 60, 1_412_332)
     free = max(available_kb - cached // 2 - sreclaim // 2 - 105_316, 0)
+    if free_kb is not None:
+        free, cached = free_kb, max(available_kb - free_kb - 105_316, 0)
     anon = max(total_kb - free - cached - 105_316, 0)
     values = dict(total=total_kb, free=free, avail=available_kb, cached=cached, sreclaim=sreclaim)
     values |= dict(active=anon + cached // 3, inactive=cached - cached // 3, active_file=cached // 3)
@@ -602,7 +606,7 @@ class TestHost:
 
         # The loaded module (sys stays a plain directory), and the files hostinit.sh binds over /proc.
         proc = self.rundir / "proc"
-        (proc / "meminfo").write_text(meminfo(spec.mem_total_kb, spec.mem_available_kb))
+        (proc / "meminfo").write_text(meminfo(spec.mem_total_kb, spec.mem_available_kb, spec.mem_free_kb))
         (proc / "osrelease").write_text(f"{spec.kernel}\n")
         buildd = "bos03-arm64-047" if spec.arch == "aarch64" else "lcy02-amd64-051"
         (proc / "version").write_text(

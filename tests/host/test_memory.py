@@ -7,6 +7,12 @@ from sparkgate.memory import fit
 from sparkgate.units import GIB, MIB
 
 
+def _held_by_the_replaced(target_host, host_facts, recipe) -> int:
+    """What the container a recipe replaces holds (resident and on the GPU): given back before the recipe starts."""
+    held = host_facts.container(recipe.container_name)
+    return 0 if held is None else held.resident_bytes + gpu_mib_of_container(target_host, host_facts, held.id) * MIB
+
+
 @pytest.mark.check(
     "HOST-MEM-FREE",
     why="vLLM sizes its KV cache from free memory; starting into too little livelocked a Spark (sshd "
@@ -23,17 +29,50 @@ def test_available_memory_covers_every_selected_recipe(check, target_host, host_
         check.cannot_run("no recipe selected for this host", "--recipe NAME")
     short = []
     for r in selected_recipes:
-        held = host_facts.container(r.container_name)
-        reclaimable = 0 if held is None else held.resident_bytes + gpu_mib_of_container(
-            target_host, host_facts, held.id) * MIB
-        verdict = fit(r, profiles[r.profile], host_facts.mem_available_bytes, reclaimable,
-                      f"container {r.container_name}")
+        verdict = fit(r, profiles[r.profile], host_facts.mem_available_bytes,
+                      _held_by_the_replaced(target_host, host_facts, r), f"container {r.container_name}")
         if not verdict.ok:
             remedy = verdict.grant_remedy()
             short.append(f"{r.name} needs {verdict.needs()}" + (f": {remedy}" if remedy else ""))
     check.that(not short, expected="each recipe's budget + OS reserve, and on a GPU its --gpu-memory-utilization "
                                    "grant, <= MemAvailable (+ what it replaces)",
                found=f"MemAvailable {host_facts.mem_available_bytes / GIB:.1f} GiB; " + "; ".join(short))
+
+
+@pytest.mark.check(
+    "HOST-MEM-CACHE",
+    why="on unified memory vLLM's start check counts the page cache as used (vLLM #35313, in the guide): with an "
+        "earlier model's weights still cached it refuses to start ('Free memory on device ... is less than desired "
+        "GPU memory utilization') though MemAvailable covers its grant",
+    fix="drop the clean page cache just before the start: `sync && echo 3 | sudo tee /proc/sys/vm/drop_caches` (it "
+        "frees only copies of files that are on disk; they are read again when needed); or lower "
+        "--gpu-memory-utilization (the guide: 0.72 to 0.85) with --kv-cache-memory pinning the KV cache",
+)
+def test_free_memory_without_the_page_cache_covers_every_grant(check, target_host, host_facts, selected_recipes,
+                                                              profiles):
+    """On unified memory, MemFree (what vLLM's start check sees: the page cache counted as used) MUST cover each
+    selected recipe's --gpu-memory-utilization grant."""
+    unified = [r for r in selected_recipes if profiles[r.profile].unified_memory]
+    if not unified:
+        check.cannot_run("no selected recipe runs on unified memory (a profile with unified_memory: true)",
+                         "--profile gb10")
+    if host_facts.mem_free_bytes is None:
+        check.cannot_run("/proc/meminfo on the box has no MemFree")
+    judged, short = [], []
+    for r in unified:
+        held = _held_by_the_replaced(target_host, host_facts, r)
+        if not fit(r, profiles[r.profile], host_facts.mem_available_bytes, held).grant_ok:
+            continue  # MemAvailable itself does not cover it: HOST-MEM-FREE's failure, not the page cache's
+        judged.append(r.name)
+        seen = fit(r, profiles[r.profile], host_facts.mem_free_bytes, held)
+        if not seen.grant_ok:
+            short.append(f"{r.name}'s grant is {seen.utilization:g} x {seen.device_gib:g} = {seen.grant_gib:.1f} GiB")
+    if not judged:
+        check.cannot_run("MemAvailable does not cover any selected recipe's grant: HOST-MEM-FREE says by how much")
+    free, available = host_facts.mem_free_bytes / GIB, host_facts.mem_available_bytes / GIB
+    check.that(not short, expected="each grant <= MemFree (+ what the recipe replaces), the page cache not counted",
+               found=f"MemFree {free:.1f} GiB of MemAvailable {available:.1f} GiB: {available - free:.1f} GiB is page "
+                     "cache and kernel memory the kernel would reclaim, which vLLM counts as used; " + "; ".join(short))
 
 
 @pytest.mark.check(
