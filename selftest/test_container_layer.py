@@ -45,7 +45,6 @@ WRONG_ARCH = ("sg-arch", 18104)  # a recipe that names an amd64 image, run as it
 TWO_PINS = ("sg-pins", 18112)  # a recipe that pins the KV cache twice, by flag and by the CPU engine's variable
 QUIET = ("sg-quiet", 18113)  # a recipe whose server logs warnings only
 RETIRED_ENV = ("sg-env", 18114)  # a recipe that sets a variable vLLM no longer reads
-CRASHED = ("sg-crashed", 18115)  # a container whose server was killed once and restarted by its policy
 
 
 @pytest.fixture(scope="module")
@@ -217,18 +216,24 @@ def test_a_moving_tag_pulled_again_replaces_the_running_container(pytester, tmp_
 
 
 @contextlib.contextmanager
-def own_container(dock, where, change=lambda data: None):
-    """The real vLLM in a container of its own, named and published as `where` (name, port), run as the docker test
-    recipe with `change` applied says, and serving: (its recipe's data, the container); removed after."""
-    name, port = where
-    data = recipe_data(container=name, port=port)
-    change(data)
-    container = dock.client.containers.run(**run_kwargs(as_recipe(data)))
+def own_containers(dock, wanted):
+    """The real vLLM in containers of their own, one per entry of `wanted` (key -> ((name, port), change)): each run
+    as the docker test recipe with `change` applied says, all started at once (the engines load side by side: two
+    cores load two in little more than the time of one), and serving. key -> its recipe's data; removed after."""
+    started = {}
     try:
-        wait_serving(f"http://{dock.host.address}:{port}")
-        yield data, container
+        for key, ((name, port), change) in wanted.items():
+            data = recipe_data(container=name, port=port)
+            change(data)
+            started[key] = (data, dock.client.containers.run(**run_kwargs(as_recipe(data))))
+        t0 = time.monotonic()
+        for data, _ in started.values():
+            wait_serving(f"http://{dock.host.address}:{data['port']}", timeout=480)
+        print(f"\n{len(started)} containers of their own serving after {time.monotonic() - t0:.1f} s")
+        yield {key: data for key, (data, _) in started.items()}
     finally:
-        container.remove(force=True)
+        for _, container in started.values():
+            container.remove(force=True)
 
 
 def run_against(pytester, tmp_path, dock, data):
@@ -237,118 +242,70 @@ def run_against(pytester, tmp_path, dock, data):
                           f"--base-url=http://{dock.host.address}:{data['port']}")
 
 
-@pytest.fixture
-def wrong_arch(dock):
-    """The real vLLM in a container of the amd64-labelled image, started as its recipe says (the one drift that
-    needs a container of its own: the good container runs the arm64 image): its recipe's data."""
-    with own_container(dock, WRONG_ARCH, lambda d: d.update(image=IMAGE_AMD64)) as (data, _):
-        yield data
+def _two_kv_pins(d):
+    d["serve_args"].extend(["--kv-cache-memory-bytes", "512M"])
 
 
-def test_a_container_of_another_architecture_fails_exactly_the_arch_check(pytester, tmp_path, dock, wrong_arch):
-    result, failed = run_against(pytester, tmp_path, dock, wrong_arch)
-    assert failed == ["CONT-ARCH"], result.stdout.str()[-4000:]
-    result.stdout.fnmatch_lines(["*expected: arm64 (the host: aarch64)*",
-                                 f"*found:    amd64 (linux/amd64, image {IMAGE_AMD64})*"])
+# Drifts that need a container of their own (the good one runs the recipe exactly), each changing one thing.
+DRIFTS = {
+    # the amd64-labelled image, run as its recipe says, on an aarch64 profile
+    "arch": (WRONG_ARCH, lambda d: d.update(image=IMAGE_AMD64)),
+    # --kv-cache-memory-bytes 512M (512 MiB) in the serve args and VLLM_CPU_KVCACHE_SPACE=1 (1 GiB) in the env, of
+    # which the CPU engine takes the variable and ignores the flag
+    "two_pins": (TWO_PINS, _two_kv_pins),
+    # VLLM_LOGGING_LEVEL=WARNING: its log states none of its startup facts
+    "quiet": (QUIET, lambda d: d["env"].update(VLLM_LOGGING_LEVEL="WARNING")),
+    # VLLM_ATTENTION_BACKEND=TRITON_ATTN: the guide's attention backend set the way older vLLM read it, which this
+    # vLLM ignores with a warning
+    "retired_env": (RETIRED_ENV, lambda d: d["env"].update(VLLM_ATTENTION_BACKEND="TRITON_ATTN")),
+}
 
 
-@pytest.fixture
-def two_pins(dock):
-    """The real vLLM in a container run as its recipe says: --kv-cache-memory-bytes 512M (512 MiB) in the serve args
-    and VLLM_CPU_KVCACHE_SPACE=1 (1 GiB) in the env, of which the CPU engine takes the variable and ignores the flag.
-    Its recipe's data."""
-    with own_container(dock, TWO_PINS, lambda d: d["serve_args"].extend(["--kv-cache-memory-bytes", "512M"])) as (
-            data, _):
-        yield data
+class TestAContainerThatDriftedOneWay:
+    """Each container of its own fails exactly the check that guards its drift."""
 
+    @pytest.fixture(scope="class")
+    def drifted(self, dock):
+        with own_containers(dock, DRIFTS) as data:
+            yield data
 
-def test_an_engine_that_ignores_the_kv_pin_fails_exactly_the_kv_size_check(pytester, tmp_path, dock, two_pins):
-    result, failed = run_against(pytester, tmp_path, dock, two_pins)
-    assert failed == ["CONT-KV-SIZE"], result.stdout.str()[-4000:]
-    result.stdout.fnmatch_lines(["*expected: 0.5 GiB, pinned*",
-                                 "*found:    1 GiB (pinned), 46592 tokens, 23046 bytes per token*",
-                                 "*why:      VLLM_CPU_KVCACHE_SPACE=1 is set as well, and vLLM's CPU engine takes it "
-                                 "over --kv-cache-memory-bytes: the flag's pin is ignored*"])
+    def test_a_container_of_another_architecture_fails_exactly_the_arch_check(self, pytester, tmp_path, dock,
+                                                                              drifted):
+        result, failed = run_against(pytester, tmp_path, dock, drifted["arch"])
+        assert failed == ["CONT-ARCH"], result.stdout.str()[-4000:]
+        result.stdout.fnmatch_lines(["*expected: arm64 (the host: aarch64)*",
+                                     f"*found:    amd64 (linux/amd64, image {IMAGE_AMD64})*"])
 
+    def test_an_engine_that_ignores_the_kv_pin_fails_exactly_the_kv_size_check(self, pytester, tmp_path, dock,
+                                                                               drifted):
+        result, failed = run_against(pytester, tmp_path, dock, drifted["two_pins"])
+        assert failed == ["CONT-KV-SIZE"], result.stdout.str()[-4000:]
+        result.stdout.fnmatch_lines(["*expected: 0.5 GiB, pinned*",
+                                     "*found:    1 GiB (pinned), 46592 tokens, 23046 bytes per token*",
+                                     "*why:      VLLM_CPU_KVCACHE_SPACE=1 is set as well, and vLLM's CPU engine takes "
+                                     "it over --kv-cache-memory-bytes: the flag's pin is ignored*"])
 
-@pytest.fixture
-def quiet(dock):
-    """The real vLLM in a container run as its recipe says, with VLLM_LOGGING_LEVEL=WARNING: its log states none of
-    its startup facts. Its recipe's data."""
-    with own_container(dock, QUIET, lambda d: d["env"].update(VLLM_LOGGING_LEVEL="WARNING")) as (data, _):
-        yield data
+    def test_a_server_whose_log_states_no_facts_fails_the_log_check_and_the_checks_that_need_them_say_why(
+            self, pytester, tmp_path, dock, drifted):
+        result, failed = run_against(pytester, tmp_path, dock, drifted["quiet"])
+        assert failed == ["CONT-LOG-FACTS"], result.stdout.str()[-4000:]
+        result.stdout.fnmatch_lines(["*expected: version, KV cache GiB and tokens in the log*",
+                                     "*found:    missing version, kv_cache_gib, kv_tokens*"])
+        result.stdout.fnmatch_lines(["SKIPPED*[[]CONT-KV-BYTES[]] could not run: the container's log does not state "
+                                     "the KV cache size and tokens (see CONT-LOG-FACTS)*",
+                                     "SKIPPED*[[]CONT-KV-SIZE[]] could not run: the container's log does not state "
+                                     "the KV cache size (see CONT-LOG-FACTS)*"])
+        result.stdout.fnmatch_lines(["SKIPPED*[[]CONT-ENV-KNOWN[]] could not run: the container's log does not state "
+                                     "the server's start (see CONT-LOG-FACTS)*"])
 
-
-def test_a_server_whose_log_states_no_facts_fails_the_log_check_and_the_checks_that_need_them_say_why(
-        pytester, tmp_path, dock, quiet):
-    result, failed = run_against(pytester, tmp_path, dock, quiet)
-    assert failed == ["CONT-LOG-FACTS"], result.stdout.str()[-4000:]
-    result.stdout.fnmatch_lines(["*expected: version, KV cache GiB and tokens in the log*",
-                                 "*found:    missing version, kv_cache_gib, kv_tokens*"])
-    result.stdout.fnmatch_lines(["SKIPPED*[[]CONT-KV-BYTES[]] could not run: the container's log does not state the KV "
-                                 "cache size and tokens (see CONT-LOG-FACTS)*",
-                                 "SKIPPED*[[]CONT-KV-SIZE[]] could not run: the container's log does not state the KV "
-                                 "cache size (see CONT-LOG-FACTS)*"])
-    result.stdout.fnmatch_lines(["SKIPPED*[[]CONT-ENV-KNOWN[]] could not run: the container's log does not state the "
-                                 "server's start (see CONT-LOG-FACTS)*"])
-
-
-@pytest.fixture
-def retired_env(dock):
-    """The real vLLM in a container run as its recipe says, with VLLM_ATTENTION_BACKEND=TRITON_ATTN in its env: the
-    guide's attention backend set the way older vLLM read it, which this vLLM ignores with a warning. Its recipe's
-    data."""
-    with own_container(dock, RETIRED_ENV, lambda d: d["env"].update(VLLM_ATTENTION_BACKEND="TRITON_ATTN")) as (
-            data, _):
-        yield data
-
-
-def test_a_variable_vllm_no_longer_reads_fails_exactly_the_env_known_check(pytester, tmp_path, dock, retired_env):
-    """The container has every variable its recipe sets (CONT-ENV passes): one of them does nothing."""
-    result, failed = run_against(pytester, tmp_path, dock, retired_env)
-    assert failed == ["CONT-ENV-KNOWN"], result.stdout.str()[-4000:]
-    result.stdout.fnmatch_lines(["*expected: no \"Unknown vLLM environment variable\" in the log of the last start*",
-                                 "*found:    vLLM * ignores VLLM_ATTENTION_BACKEND (the recipe sets it; replaced by "
-                                 "the serve arg --attention-backend (the guide's: triton_attn))*"])
-
-
-def _processes_of(container_id):
-    """The host pids of a container's processes: those whose cgroup path names it."""
-    pids = []
-    for cgroup in Path("/proc").glob("[0-9]*/cgroup"):
-        with contextlib.suppress(OSError):
-            if container_id in cgroup.read_text():
-                pids.append(int(cgroup.parent.name))
-    assert pids, f"no process of container {container_id[:12]} is visible here"
-    return pids
-
-
-@pytest.fixture
-def crashed(dock):
-    """The real vLLM in a container run as its recipe says (restart policy unless-stopped), whose processes were
-    killed once (SIGKILL from the host, as the OOM killer kills) and brought back by docker: serving again, with a
-    restart count of 1. Its recipe's data."""
-    with own_container(dock, CRASHED) as (data, container):
-        for pid in _processes_of(container.id):  # the engine's pid namespace hides State.Pid from here
-            with contextlib.suppress(ProcessLookupError):  # gone with its namespace's first process
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while container.attrs["RestartCount"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.5)
-            container.reload()
-        assert container.attrs["RestartCount"] == 1, container.attrs["State"]
-        wait_serving(f"http://{dock.host.address}:{data['port']}")
-        yield data
-
-
-def test_a_container_docker_restarted_after_its_server_died_fails_exactly_the_restart_count_check(
-        pytester, tmp_path, dock, crashed):
-    """It serves again and everything else is as the recipe says: the crash is what the check MUST report."""
-    result, failed = run_against(pytester, tmp_path, dock, crashed)
-    assert failed == ["CONT-RESTART-COUNT"], result.stdout.str()[-4000:]
-    result.stdout.fnmatch_lines(["*expected: restarted 0 times since it was created, never OOM-killed*",
-                                 "*found:    restarted 1 time by its restart policy (unless-stopped) since it was "
-                                 "created at *; its server last died at *; its log holds 2 starts*"])
+    def test_a_variable_vllm_no_longer_reads_fails_exactly_the_env_known_check(self, pytester, tmp_path, dock,
+                                                                               drifted):
+        """The container has every variable its recipe sets (CONT-ENV passes): one of them does nothing."""
+        result, failed = run_against(pytester, tmp_path, dock, drifted["retired_env"])
+        assert failed == ["CONT-ENV-KNOWN"], result.stdout.str()[-4000:]
+        result.stdout.fnmatch_lines(["*expected: no \"Unknown vLLM environment variable\" in the log of the last "
+                                     "start*", "*found:    vLLM * ignores VLLM_ATTENTION_BACKEND (the recipe sets it; "
+                                     "replaced by the serve arg --attention-backend (the guide's: triton_attn))*"])
 
 
 def test_a_restart_policy_of_always_fails_the_restart_check(pytester, tmp_path, dock, good):
@@ -520,3 +477,42 @@ def test_the_container_a_recipe_replaces_is_no_competitor_but_another_server_is(
     assert failed == ["HOST-NO-COMPETITOR"], result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["*found:    pid * vllm.entrypoints.openai.api_server --model /models/smollm2*"])
 
+
+# ---- last: the good container crashed (it never serves unrestarted again) ------------------------------------
+
+def _processes_of(container_id):
+    """The host pids of a container's processes: those whose cgroup path names it."""
+    pids = []
+    for cgroup in Path("/proc").glob("[0-9]*/cgroup"):
+        with contextlib.suppress(OSError):
+            if container_id in cgroup.read_text():
+                pids.append(int(cgroup.parent.name))
+    assert pids, f"no process of container {container_id[:12]} is visible here"
+    return pids
+
+
+@pytest.fixture
+def crashed(dock, good):
+    """The good container, its processes killed once (SIGKILL from the host, as the OOM killer kills) and brought back
+    by docker's restart policy (unless-stopped): serving again, with a restart count of 1. Its recipe's data. The
+    module's last use of `good`: every other test reads it never restarted."""
+    for pid in _processes_of(good.id):  # the engine's pid namespace hides State.Pid from here
+        with contextlib.suppress(ProcessLookupError):  # gone with its namespace's first process
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while good.attrs["RestartCount"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        good.reload()
+    assert good.attrs["RestartCount"] == 1, good.attrs["State"]
+    wait_serving(f"http://{dock.host.address}:{PORT}")
+    return recipe_data()
+
+
+def test_a_container_docker_restarted_after_its_server_died_fails_exactly_the_restart_count_check(
+        pytester, tmp_path, dock, crashed):
+    """It serves again and everything else is as the recipe says: the crash is what the check MUST report."""
+    result, failed = run_against(pytester, tmp_path, dock, crashed)
+    assert failed == ["CONT-RESTART-COUNT"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(["*expected: restarted 0 times since it was created, never OOM-killed*",
+                                 "*found:    restarted 1 time by its restart policy (unless-stopped) since it was "
+                                 "created at *; its server last died at *; its log holds 2 starts*"])

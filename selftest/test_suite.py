@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -41,6 +42,7 @@ from .terminal import Terminal
 
 UNREACHABLE = "ssh://root@127.0.0.1:9"  # loopback, nothing listens: refused at once
 DRAFTING_PORT = 18016  # the embedded model drafting with a copy of itself
+HOLDER_PORT = 18017  # the embedded default, run beside a process that holds memory after it
 
 
 def one_error_and_the_rest_skipped(result):
@@ -183,6 +185,26 @@ def test_a_server_that_dies_while_loading_fails_at_once_with_its_log(pytester, t
     one_error_and_the_rest_skipped(result)
     result.stdout.fnmatch_lines(["*smollm2-cpu stopped while loading: exit status *", "*--no-such-flag*"])
     assert result.duration < 120, "the dead process was not noticed until much later"
+
+
+def test_a_process_left_holding_memory_after_the_run_fails_the_memory_back_check(pytester, tmp_path, monkeypatch):
+    """A process started during the run that holds 2 GiB and does not exit: once the run's server is removed,
+    MemAvailable is 2 GiB short of the run's start, and the check names the process (by pid and name, never its
+    command line) after waiting for memory to come back."""
+    pidfile = tmp_path / "holder.pid"
+    monkeypatch.setenv("SPARKGATE_SELFTEST_HOLDER", str(pidfile))
+    try:
+        result = run_suite(pytester, "-m", "host or serving", "-k", "memory_is_back or health",
+                           f"--recipes-dir={embedded_recipe_dir(tmp_path / 'recipes', HOLDER_PORT)}",
+                           "--recipe=smollm2-cpu", "-p", "selftest.mem_holder", timeout=600)
+    finally:
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*smollm2-cpu: stopped and removed*", "*[[]HOST-MEM-BACK[]]*",
+                                 "*found:    MemAvailable * GiB after the run, * GiB when it began (-2.* GiB); started "
+                                 "during the run and still running: pid * python* (2.0* GiB resident, started * s "
+                                 "ago)*"])
 
 
 # ---- against one running server (--base-url, the session's embedded_server), to break one thing at a time ----

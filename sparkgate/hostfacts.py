@@ -203,6 +203,25 @@ def parse_compute_apps(text: str) -> list[ComputeApp]:
     return apps
 
 
+PS_MEMORY = "ps -eo pid=,rss=,etimes=,comm="
+_PRINTABLE_NAME = re.compile(r"^[\x21-\x7e][\x20-\x7e]*$")
+
+
+def processes_started_within(ps_output: str, seconds: float, min_bytes: int = 64 * 2**20) -> list[str]:
+    """From `PS_MEMORY`: the processes started in the last `seconds` that hold at least `min_bytes` resident, largest
+    first, as "pid PID NAME (X GiB resident, started N s ago)". The name only (a command line may hold a secret), and
+    only when it is printable (anyone can name a process)."""
+    found = []
+    for line in ps_output.splitlines():
+        cells = line.split(None, 3)
+        if len(cells) == 4 and cells[0].isdigit() and cells[1].isdigit() and cells[2].isdigit():
+            rss, age = int(cells[1]) * KIB, int(cells[2])
+            if age <= seconds and rss >= min_bytes:
+                name = cells[3].strip() if _PRINTABLE_NAME.match(cells[3].strip()) else "(a name with odd characters)"
+                found.append((rss, f"pid {cells[0]} {name} ({rss / GIB:.2f} GiB resident, started {age} s ago)"))
+    return [text for _, text in sorted(found, key=lambda f: -f[0])]
+
+
 def parse_docker_stats(text: str) -> list[Container]:
     """`docker stats --no-stream --no-trunc --format '{{.ID}}\t{{.Name}}\t{{.MemUsage}}'`: "43.2GiB / 121.7GiB"."""
     found = []

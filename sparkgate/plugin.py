@@ -5,6 +5,7 @@ both are registered with the plugin manager, their hooks their methods. No check
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack
 from typing import Any
 
 import httpx
@@ -188,6 +189,14 @@ def host_facts(_run: RunSession) -> HostFacts:
     return _run.facts
 
 
+@pytest.fixture
+def after_the_recipes(_run: RunSession) -> RunSession:
+    """For a check that judges the box after the run: everything the run started is removed, and what --take-over
+    set aside is back and serving, as at the session's end."""
+    _run.end_serving()
+    return _run
+
+
 @pytest.fixture(scope="session")
 def kernel_log_at_start(_run: RunSession) -> KernelLog | None:
     """The box's kernel log as the run began (None: the run never reached the box)."""
@@ -277,11 +286,15 @@ def _served(recipe: Recipe, _run: RunSession, pytestconfig: pytest.Config, _prod
         return
     served = None
     try:
-        with serving(recipe, _run.profiles[recipe.profile], _run.mem_available, _run.say, opt.sg_startup_timeout,
-                     docker=lambda: _run.docker, journal=_run.journal, host=_run.host_side,
-                     take_over=opt.sg_take_over, last_start=_run.last_start) as srv:
+        with ExitStack() as stack:  # the run's end checks may close it first (RunSession.end_serving)
+            srv = stack.enter_context(serving(
+                recipe, _run.profiles[recipe.profile], _run.mem_available, _run.say, opt.sg_startup_timeout,
+                docker=lambda: _run.docker, journal=_run.journal, host=_run.host_side, take_over=opt.sg_take_over,
+                last_start=_run.last_start))
             served = srv
             _run.record_server(srv)
+            _run.serving_now.append(stack)
+            _run.started_any |= srv.started
             yield srv
     except Exception as exc:
         if served is not None:

@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,9 @@ class RunSession:
         self.lock: HostLock | None = None
         self._journal: Journal | None = None
         self.kernel_log_at_start: kernellog.KernelLog | None = None
+        self.began: float | None = None  # when the run began on the box (time.time()), once it reached it
+        self.serving_now: list[ExitStack] = []  # the servers this run started and has not removed yet
+        self.started_any = False  # whether it started a server of its own (not --base-url, not in place)
         self._saved_handlers: dict[int, Any] = {}
         # Secrets the run knows before it starts: they are masked in everything it writes.
         redact.secret(opt.sg_api_key)
@@ -227,6 +231,13 @@ class RunSession:
                     self.results.add_downtime(Downtime(container=e["name"], served=e.get("served") or [],
                                                        outcome="removed by someone else while set aside"))
 
+    def end_serving(self) -> None:
+        """Before the checks that judge the box after the run: remove every server the run started and put back what
+        --take-over set aside, as the session's end would (which then finds nothing left to do)."""
+        while self.serving_now:
+            self.serving_now.pop().close()
+        self.put_back()
+
     def _exists(self, container_id: str) -> bool:
         import docker.errors
 
@@ -316,6 +327,7 @@ class RunSession:
         self.take_the_host()
         facts = self.facts
         self.kernel_log_at_start = kernellog.read(self.host.run)  # what HOST-KERNEL-LOG counts from
+        self.began = time.time()
         self.select_for_host()
         chosen = {r.name for r in self.selected}
         keep, drop = [], []

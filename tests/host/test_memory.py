@@ -1,8 +1,10 @@
 """Unified memory: the GPU and the OS share one pool, so free memory is read from /proc/meminfo."""
 
+import time
+
 import pytest
 
-from sparkgate.hostfacts import gpu_mib_of_container
+from sparkgate.hostfacts import PS_MEMORY, gpu_mib_of_container, processes_started_within
 from sparkgate.memory import fit
 from sparkgate.units import GIB, MIB
 
@@ -88,3 +90,40 @@ def test_total_memory_is_the_profiles(check, host_facts, profile):
     total = host_facts.mem_total_bytes / GIB
     check.that(total >= 0.95 * profile.memory_gib, expected=f">= {0.95 * profile.memory_gib:.1f} GiB "
                f"(95% of {profile.memory_gib:g}, profile {profile.name})", found=f"MemTotal {total:.2f} GiB")
+
+
+SETTLE_S = 30  # memory a removed server gives back returns within seconds; this long is waited before judging
+
+
+@pytest.mark.run_end
+@pytest.mark.check(
+    "HOST-MEM-BACK",
+    why="memory a run does not give back is memory the next start lacks: on unified memory a process left behind (an "
+        "engine that outlived its server), or memory the driver keeps after a hard-stopped container, starves or "
+        "refuses the next model until someone finds it (owners report memory trapped until a reboot)",
+    fix="stop a process named here by its pid (never by pattern), remove a container left behind (`docker rm -f "
+        "NAME`) and stale files in /dev/shm; if no process holds it, the kernel or the driver keeps it: reboot the "
+        "box before the next start",
+)
+def test_memory_is_back_after_the_run(check, after_the_recipes, target_host, host_facts, record_property):
+    """After the run's servers are removed (and what --take-over set aside serves again), MemAvailable MUST be back
+    within 1 GiB or 2% of MemTotal (the larger) of what it was when the run began."""
+    run = after_the_recipes
+    if not run.started_any:
+        check.cannot_run("the run started no server on the box (--base-url, or what serves was tested in place), so "
+                         "it took no memory to give back", "a run that starts a recipe")
+    before, margin = host_facts.mem_available_bytes, max(GIB, 0.02 * host_facts.mem_total_bytes)
+    deadline = time.monotonic() + SETTLE_S
+    while (after := run.mem_available()) < before - margin and time.monotonic() < deadline:
+        time.sleep(2)
+    figures = (f"MemAvailable {after / GIB:.2f} GiB after the run, {before / GIB:.2f} GiB when it began "
+               f"({(after - before) / GIB:+.2f} GiB)")
+    record_property("memory back", figures)
+    holders = []
+    if after < before - margin:
+        holders = processes_started_within(target_host.run(PS_MEMORY).stdout, time.time() - run.began)
+    check.that(after >= before - margin,
+               expected=f"at least {(before - margin) / GIB:.2f} GiB available ({margin / GIB:.2f} GiB below the "
+                        f"run's start at most), {SETTLE_S} s after the run's last server was removed",
+               found=f"{figures}; " + ("started during the run and still running: " + "; ".join(holders[:5])
+                                        if holders else "no process started during the run holds it"))
