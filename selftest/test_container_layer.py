@@ -510,9 +510,10 @@ def crashed(dock, good):
 
 def test_a_container_docker_restarted_after_its_server_died_fails_exactly_the_restart_count_check(
         pytester, tmp_path, dock, crashed):
-    """It serves again and everything else is as the recipe says: the crash is what the check MUST report."""
+    """It serves again and everything else is as the recipe says: the crash is what the check MUST report (the
+    take-over tests above started it again by hand, which docker does not count as a restart)."""
     result, failed = run_against(pytester, tmp_path, dock, crashed)
     assert failed == ["CONT-RESTART-COUNT"], result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(["*expected: restarted 0 times since it was created, never OOM-killed*",
                                  "*found:    restarted 1 time by its restart policy (unless-stopped) since it was "
-                                 "created at *; its server last died at *; its log holds 2 starts*"])
+                                 "created at *; its server last died at *; its log holds * starts*"])
