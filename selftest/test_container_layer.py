@@ -45,6 +45,13 @@ WRONG_ARCH = ("sg-arch", 18104)  # a recipe that names an amd64 image, run as it
 TWO_PINS = ("sg-pins", 18112)  # a recipe that pins the KV cache twice, by flag and by the CPU engine's variable
 QUIET = ("sg-quiet", 18113)  # a recipe whose server logs warnings only
 RETIRED_ENV = ("sg-env", 18114)  # a recipe that sets a variable vLLM no longer reads
+KNOWN_BAD = ("sg-bad", 18115)  # a recipe whose image holds a release on the known-bad list
+KNOWN_BAD_IMAGE = "sparkgate/vllm-cpu:cutlass-dsl-4.5.0"
+# nvidia-cutlass-dsl is a CUDA kernel DSL for Blackwell GPUs, which cannot exist here: its stand-in is its installed
+# record alone (the metadata a pip install writes, which is what a package list reads), on the image's PYTHONPATH.
+STAND_IN_DIST = ("mkdir -p /opt/sparkgate-site/nvidia_cutlass_dsl-4.5.0.dist-info && printf 'Metadata-Version: 2.1\\n"
+                 "Name: nvidia-cutlass-dsl\\nVersion: 4.5.0\\n' > "
+                 "/opt/sparkgate-site/nvidia_cutlass_dsl-4.5.0.dist-info/METADATA")
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +182,7 @@ def test_with_take_over_the_recipes_run_in_turn_and_production_is_set_aside_once
     after = _state(good)
     assert (after[0], after[1], after[2], after[4]) == (before[0], before[1], "running", before[4])
     assert NAME + SAVED_SUFFIX not in dock.names()
-    print(f"take-over run (two recipes in turn, 11 container and 2 serving checks each, production back): "
+    print(f"take-over run (two recipes in turn, their container checks and 2 serving checks each, production back): "
           f"{took:.1f} s; production down {down.seconds:.1f} s; {len(running)} samples, at most one model container "
           "running")
 
@@ -258,16 +265,37 @@ DRIFTS = {
     # VLLM_ATTENTION_BACKEND=TRITON_ATTN: the guide's attention backend set the way older vLLM read it, which this
     # vLLM ignores with a warning
     "retired_env": (RETIRED_ENV, lambda d: d["env"].update(VLLM_ATTENTION_BACKEND="TRITON_ATTN")),
+    # an image that holds nvidia-cutlass-dsl 4.5.0 (a stand-in's record of it: see STAND_IN_DIST)
+    "known_bad": (KNOWN_BAD, lambda d: d.update(image=KNOWN_BAD_IMAGE)),
 }
+
+
+@contextlib.contextmanager
+def image_holding_a_known_bad_release(dock):
+    """The test image with nvidia-cutlass-dsl 4.5.0 installed on its PYTHONPATH, committed as KNOWN_BAD_IMAGE (built
+    from the image the way a Dockerfile's RUN and ENV lines would); removed after."""
+    c = dock.client.containers.run(IMAGE, ["sh", "-c", STAND_IN_DIST], detach=True, network_mode="none")
+    try:
+        assert c.wait(timeout=60)["StatusCode"] == 0, c.logs()
+        repo, tag = KNOWN_BAD_IMAGE.split(":")
+        image = c.commit(repository=repo, tag=tag, changes=["ENV PYTHONPATH=/opt/sparkgate-site"])
+    finally:
+        c.remove(force=True)
+    try:
+        yield
+    finally:
+        dock.client.images.remove(image.id, force=True)
+
+
+@pytest.fixture(scope="class")
+def drifted(dock):
+    """The DRIFTS, each serving in its container of its own, for the class that reads them: key -> recipe data."""
+    with image_holding_a_known_bad_release(dock), own_containers(dock, DRIFTS) as data:
+        yield data
 
 
 class TestAContainerThatDriftedOneWay:
     """Each container of its own fails exactly the check that guards its drift."""
-
-    @pytest.fixture(scope="class")
-    def drifted(self, dock):
-        with own_containers(dock, DRIFTS) as data:
-            yield data
 
     def test_a_container_of_another_architecture_fails_exactly_the_arch_check(self, pytester, tmp_path, dock,
                                                                               drifted):
@@ -297,6 +325,14 @@ class TestAContainerThatDriftedOneWay:
                                      "the KV cache size (see CONT-LOG-FACTS)*"])
         result.stdout.fnmatch_lines(["SKIPPED*[[]CONT-ENV-KNOWN[]] could not run: the container's log does not state "
                                      "the server's start (see CONT-LOG-FACTS)*"])
+
+    def test_an_image_holding_a_known_bad_release_fails_exactly_the_known_bad_check(self, pytester, tmp_path, dock,
+                                                                                    drifted):
+        result, failed = run_against(pytester, tmp_path, dock, drifted["known_bad"])
+        assert failed == ["CONT-KNOWN-BAD"], result.stdout.str()[-4000:]
+        result.stdout.fnmatch_lines(["*expected: none of the releases on the known-bad list (1 entry)*",
+                                     "*found:    nvidia-cutlass-dsl 4.5.0: its lowering of nvvm.mma.block_scale *"
+                                     "answered garbage*(fixed in 4.5.1; NVIDIA/cutlass#3227*"])
 
     def test_a_variable_vllm_no_longer_reads_fails_exactly_the_env_known_check(self, pytester, tmp_path, dock,
                                                                                drifted):

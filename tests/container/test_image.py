@@ -2,6 +2,7 @@
 
 import pytest
 
+from sparkgate import knownbad
 from sparkgate.launch.container_spec import DOCKER_ARCH
 
 
@@ -45,3 +46,35 @@ def test_the_image_is_built_for_this_hardware(check, live, recipe, host_facts, r
     basis = f"profile {recipe_profile.name}" if recipe_profile.arch else "the host"
     check.that(have == want, expected=f"{want} ({basis}: {arch})",
                found=f"{have} ({live.image.get('Os')}/{have}, image {(live.attrs.get('Config') or {}).get('Image')})")
+
+
+@pytest.mark.check(
+    "CONT-KNOWN-BAD",
+    why="some library releases break serving on this hardware while the server starts and answers (with "
+        "nvidia-cutlass-dsl 4.5.0 a Spark's NVFP4 MoE model answered garbage); the suite ships a list of them, each "
+        "entry with its source (sparkgate/known_bad.yaml)",
+    fix="rebuild or pull the image with the release the list names as fixed (pip install 'PACKAGE==FIXED' in its "
+        "Dockerfile), recreate the container, and run the suite again",
+)
+def test_the_image_holds_no_known_bad_release(check, live, docker_engine, record_property):
+    """The Python packages the server runs with MUST include no release on the shipped known-bad list."""
+    import docker.errors
+
+    config, binds = live.attrs.get("Config") or {}, (live.attrs.get("HostConfig") or {}).get("Binds") or []
+    command = live.attrs.get("Path") or ""
+    try:  # read in a throwaway container of the same image, mounts and env: the server's own is never touched
+        out = docker_engine.client.containers.run(
+            live.attrs["Image"], [knownbad.PACKAGES_SCRIPT, "sparkgate-packages", command], entrypoint=["sh", "-c"],
+            environment=config.get("Env") or [], volumes=binds, user=config.get("User") or None, network_mode="none",
+            labels={"sparkgate": "package list, removed when done"}, remove=True)
+    except docker.errors.DockerException as exc:
+        check.cannot_run(f"the server's Python packages could not be listed in its image: {str(exc)[:300]}")
+    installed = knownbad.parse(out.decode(errors="replace"))
+    if not installed:
+        check.cannot_run("the server's Python packages could not be listed in its image ("
+                         + ("no Python found" if b"NOPYTHON" in out else "none listed") + ")")
+    bad, n = knownbad.held(installed), len(knownbad.entries())
+    record_property("packages", f"{len(installed)} read with {command}, against {n} known-bad entries")
+    check.that(not bad, expected=f"none of the releases on the known-bad list ({n} entr{'y' if n == 1 else 'ies'})",
+               found="; ".join(f"{e.package} {version}: {e.effect} (fixed in {e.fixed_in}; {e.source})"
+                               for e, version in bad) or f"{len(installed)} packages, none on the list")

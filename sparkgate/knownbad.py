@@ -1,0 +1,68 @@
+"""The known-bad list (known_bad.yaml, shipped with the suite): library releases that break serving on this hardware
+while everything starts and answers, each with its source; and how a container's Python packages are read against it.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, TypeAdapter
+
+LIST = Path(__file__).with_name("known_bad.yaml")
+
+# Runs in the container (POSIX sh): the Python that runs the server ($1, the container's command: a python, or a
+# console script whose #! line names one; else python3), listing every distribution it can import as "PKG name version".
+PACKAGES_SCRIPT = r"""
+exe="$1"; py=""
+case "$exe" in
+  */python*|python*) py="$exe" ;;
+  *) p=$(command -v "$exe" 2>/dev/null) && py=$(sed -n '1s/^#![[:space:]]*\([^[:space:]]*\).*/\1/p' "$p") ;;
+esac
+case "$py" in */env|"") py=$(command -v python3 || command -v python) ;; esac
+[ -n "$py" ] || { echo NOPYTHON; exit 0; }
+exec "$py" -c 'import importlib.metadata as m
+for d in m.distributions():
+    print("PKG", d.metadata["Name"], d.version)'
+"""
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]{0,49}$")
+
+
+class KnownBad(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    package: str
+    versions: list[str]
+    fixed_in: str
+    effect: str
+    source: str
+
+
+@cache
+def entries() -> tuple[KnownBad, ...]:
+    return tuple(TypeAdapter(list[KnownBad]).validate_python(yaml.safe_load(LIST.read_text())))
+
+
+def normalized(name: str) -> str:
+    """A distribution name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse(output: str) -> dict[str, str]:
+    """PACKAGES_SCRIPT's output: normalized name -> version. A line that is not a plain name and version (anything in
+    an image can print anything) is left out."""
+    found = {}
+    for line in output.splitlines():
+        cells = line.split()
+        if len(cells) == 3 and cells[0] == "PKG" and _NAME.match(cells[1]) and _VERSION.match(cells[2]):
+            found[normalized(cells[1])] = cells[2]
+    return found
+
+
+def held(installed: dict[str, str]) -> list[tuple[KnownBad, str]]:
+    """The known-bad releases among `installed`, with the version found."""
+    return [(e, installed[normalized(e.package)]) for e in entries()
+            if installed.get(normalized(e.package)) in e.versions]
