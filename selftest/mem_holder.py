@@ -1,5 +1,5 @@
 """A plugin for one suite run (-p selftest.mem_holder): just before HOST-MEM-BACK runs, it leaves behind a process that
-holds 2 GiB and does not exit (as an engine that outlived its server does), in a session of its own. Its pid goes to
+holds 3 GiB and does not exit (as an engine that outlived its server does), in a session of its own. Its pid goes to
 the file named by $SPARKGATE_SELFTEST_HOLDER, for the self-test to stop it; it exits by itself after ten minutes."""
 
 import os
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-HOLD = "import time; held = b'\\x01' * (2 * 2**30); time.sleep(600)"  # every page written: resident, really
+HOLD = "import time; held = b'\\x01' * (3 * 2**30); time.sleep(600)"  # every page written: resident, really
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -19,6 +19,6 @@ def pytest_runtest_setup(item):
             f.write(str(holder.pid))
         for _ in range(100):  # until it holds it all
             with open(f"/proc/{holder.pid}/status") as status:
-                if any(line.startswith("VmRSS:") and int(line.split()[1]) >= 2 * 2**20 for line in status):
+                if any(line.startswith("VmRSS:") and int(line.split()[1]) >= 3 * 2**20 for line in status):
                     return
             subprocess.run(["sleep", "0.1"])

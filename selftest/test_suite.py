@@ -188,9 +188,9 @@ def test_a_server_that_dies_while_loading_fails_at_once_with_its_log(pytester, t
 
 
 def test_a_process_left_holding_memory_after_the_run_fails_the_memory_back_check(pytester, tmp_path, monkeypatch):
-    """A process started during the run that holds 2 GiB and does not exit: once the run's server is removed,
-    MemAvailable is 2 GiB short of the run's start, and the check names the process (by pid and name, never its
-    command line) after waiting for memory to come back."""
+    """A process started during the run that holds 3 GiB and does not exit: once the run's server is removed,
+    MemAvailable is more than the 1 GiB margin short of the run's start, and the check names the process (by pid and
+    name, never its command line) after waiting for memory to come back."""
     pidfile = tmp_path / "holder.pid"
     monkeypatch.setenv("SPARKGATE_SELFTEST_HOLDER", str(pidfile))
     try:
@@ -202,9 +202,9 @@ def test_a_process_left_holding_memory_after_the_run_fails_the_memory_back_check
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*smollm2-cpu: stopped and removed*", "*[[]HOST-MEM-BACK[]]*",
-                                 "*found:    MemAvailable * GiB after the run, * GiB when it began (-2.* GiB); started "
-                                 "during the run and still running: pid * python* (2.0* GiB resident, started * s "
-                                 "ago)*"])
+                                 "*found:    MemAvailable * GiB after the run, * GiB when it began (-* GiB); started "
+                                 "during the run and still running: pid * python* (3.0* GiB resident, started * s "
+                                 "ago)*"])  # holding 2 GiB read 2.6 GiB less here, 1.5 on CI: the rest of the box moves
 
 
 # ---- against one running server (--base-url, the session's embedded_server), to break one thing at a time ----
@@ -482,7 +482,7 @@ def test_a_malformed_recipe_is_one_line_naming_file_and_field(pytester, tmp_path
 def test_the_host_layer_is_held_to_a_named_profile(pytester):
     # This CI box is x86_64 without a GPU: against gb10 it must fail with what it found.
     # HOST-GPU cannot name a GPU nvidia-smi cannot list: it skips and points at HOST-NVIDIA-SMI, which fails.
-    result = run_suite(pytester, "-m", "host", "--profile=gb10", "-k", "architecture or gpu or nvidia_smi")
+    result = run_suite(pytester, "-m", "host", "--profile=gb10", "-k", "architecture or gpu_is or nvidia_smi")
     result.assert_outcomes(failed=2, skipped=1)
     result.stdout.fnmatch_lines(["*[[]HOST-NVIDIA-SMI[]]*", "*expected: nvidia-smi lists the GPU*",
                                  "*[[]HOST-ARCH[]]*", "*expected: aarch64 (profile gb10)*",
