@@ -54,7 +54,8 @@ def pytest_terminal_summary(terminalreporter):
     for reports in terminalreporter.stats.values():
         for report in reports:
             if hasattr(report, "duration") and hasattr(report, "nodeid"):
-                spent[report.nodeid.split("::")[0]] = spent.get(report.nodeid.split("::")[0], 0) + report.duration
+                path = report.nodeid.split("::")[0]
+                spent[path] = spent.get(path, 0) + report.duration
     if spent:
         terminalreporter.write_sep("=", "time per test file")
         for path, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):

@@ -326,7 +326,8 @@ class RunSession:
         self.teardown_on_every_signal()  # from here on the run may change the box: every signal tears down
         self.take_the_host()
         facts = self.facts
-        self.kernel_log_at_start = kernellog.read(self.host.run)  # what HOST-KERNEL-LOG counts from
+        if any("kernel_log_at_start" in getattr(i, "fixturenames", ()) for i in session.items):
+            self.kernel_log_at_start = kernellog.read(self.host.run)  # what HOST-KERNEL-LOG counts from
         self.began = time.time()
         self.select_for_host()
         chosen = {r.name for r in self.selected}

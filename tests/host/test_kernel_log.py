@@ -33,8 +33,9 @@ def test_the_kernel_logged_no_gpu_or_pcie_fault_during_the_run(check, target_hos
         check.cannot_run(f"the kernel log was read with `{kernel_log_at_start.source}` when the run began, and at its "
                          f"end {now.refused or f'with `{now.source}`'}", READ_IT)
     mark = kernel_log_at_start.mark
-    found = kernellog.faults(now.since(mark))
-    record_property("kernel log", f"`{now.source}`, {len(now.since(mark))} line(s) after [{mark:.3f}]: {found}")
+    since = now.since(mark)
+    found = kernellog.faults(since)
+    record_property("kernel log", f"`{now.source}`, {len(since)} line(s) after [{mark:.3f}]: {found}")
     check.that(not found.any,
                expected=f"no NVRM Xid and no uncorrected PCIe AER line after [{mark:.3f}] (the run's start, "
                         f"`{now.source}`)",
