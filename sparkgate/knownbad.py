@@ -12,6 +12,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 LIST = Path(__file__).with_name("known_bad.yaml")
+# The throwaway container that lists the packages is named after the server's, so `docker ps` says what it is.
+LISTER_SUFFIX = ".sparkgate-packages"
+LISTER_TIMEOUT_S = 120  # Python's start and one pass over site-packages: seconds, even from a cold disk
 
 # Runs in the container (POSIX sh): the Python that runs the server ($1, the container's command: a python, or a
 # console script whose #! line names one; else python3), listing every distribution it can import as "PKG name version".

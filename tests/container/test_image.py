@@ -1,9 +1,11 @@
 """The image the container runs: the recipe's, recorded by digest, built for this hardware."""
 
+import contextlib
+
 import pytest
 
 from sparkgate import knownbad
-from sparkgate.launch.container_spec import DOCKER_ARCH
+from sparkgate.launch.container_spec import DOCKER_ARCH, LABEL
 
 
 @pytest.mark.check(
@@ -59,16 +61,25 @@ def test_the_image_is_built_for_this_hardware(check, live, recipe, host_facts, r
 def test_the_image_holds_no_known_bad_release(check, live, docker_engine, record_property):
     """The Python packages the server runs with MUST include no release on the shipped known-bad list."""
     import docker.errors
+    import requests
 
     config, binds = live.attrs.get("Config") or {}, (live.attrs.get("HostConfig") or {}).get("Binds") or []
     command = live.attrs.get("Path") or ""
+    lister = None
     try:  # read in a throwaway container of the same image, mounts and env: the server's own is never touched
-        out = docker_engine.client.containers.run(
+        lister = docker_engine.client.containers.run(
             live.attrs["Image"], [knownbad.PACKAGES_SCRIPT, "sparkgate-packages", command], entrypoint=["sh", "-c"],
-            environment=config.get("Env") or [], volumes=binds, user=config.get("User") or None, network_mode="none",
-            labels={"sparkgate": "package list, removed when done"}, remove=True)
-    except docker.errors.DockerException as exc:
+            name=live.name + knownbad.LISTER_SUFFIX, environment=config.get("Env") or [], volumes=binds,
+            user=config.get("User") or None, network_mode="none", labels={f"{LABEL}.packages": live.name},
+            detach=True)
+        lister.wait(timeout=knownbad.LISTER_TIMEOUT_S)
+        out = lister.logs(stdout=True, stderr=False)
+    except (docker.errors.DockerException, requests.RequestException) as exc:
         check.cannot_run(f"the server's Python packages could not be listed in its image: {str(exc)[:300]}")
+    finally:
+        if lister is not None:
+            with contextlib.suppress(docker.errors.DockerException):  # gone already: nothing to remove
+                lister.remove(force=True)
     installed = knownbad.parse(out.decode(errors="replace"))
     if not installed:
         check.cannot_run("the server's Python packages could not be listed in its image ("
