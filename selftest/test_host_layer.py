@@ -143,6 +143,20 @@ def test_a_gpu_fault_the_kernel_logged_during_the_run_fails_exactly_the_kernel_l
         "*docs.nvidia.com/deploy/xid-errors*"])
 
 
+def test_a_gpu_slowed_for_heat_and_on_the_power_brake_during_the_run_fails_exactly_the_clocks_check(pytester):
+    """The GPU's clock event reason counters grow after the run began (the stand-in nvidia-smi told so mid-run, in the
+    form the real driver's `-q -x` states them): the clocks check fails naming the seconds of heat and power brake,
+    counts the time at the power cap without failing on it, and no other check moves."""
+    with TestHost(HostSpec()) as host:
+        result, failed = host_layer(pytester, host, "-k", DOCKER, "-p", "selftest.clock_fault")
+    assert failed == ["HOST-GPU-CLOCKS"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines([
+        "*expected: no thermal or power-brake slowdown over the run's * s (`nvidia-smi -q -x`'s clock event reason "
+        "counters)",
+        "*found:    SW thermal slowdown 4.2 s, HW power brake slowdown 1.5 s (counted, not judged: SW power cap 9.0 s)",
+        "*unplug the box from AC*"])
+
+
 def test_a_box_whose_kernel_log_no_command_can_read_could_not_run_the_kernel_log_check(pytester):
     """Without dmesg and journalctl (a minimal image) the kernel log check could not run, naming what it tried and who
     may read the log; it never passes on a log it did not read."""

@@ -13,6 +13,7 @@ import pytest
 
 from .checks import Check
 from .compare import TOLERANCE_PCT
+from .gpuclocks import GpuClocks
 from .hostfacts import HostFacts
 from .kernellog import KernelLog
 from .launch import NeedsTakeOver, Occupied, Server, StartError, serving
@@ -201,6 +202,12 @@ def after_the_recipes(_run: RunSession) -> RunSession:
 def kernel_log_at_start(_run: RunSession) -> KernelLog | None:
     """The box's kernel log as the run began (None: the run never reached the box)."""
     return _run.kernel_log_at_start
+
+
+@pytest.fixture(scope="session")
+def gpu_clocks_at_start(_run: RunSession) -> tuple[GpuClocks, float] | None:
+    """The GPU's clock counters as the run began, and when (monotonic); None: the run never reached the box."""
+    return _run.gpu_clocks_at_start
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from . import __version__, commit, kernellog, redact
+from . import __version__, commit, gpuclocks, kernellog, redact
 from .checks import Check
 from .compare import ALPHA, compare_figure, key
 from .hostfacts import HostFacts, gather, gpu_mib_of_container, matching_profile
@@ -88,6 +88,7 @@ class RunSession:
         self.lock: HostLock | None = None
         self._journal: Journal | None = None
         self.kernel_log_at_start: kernellog.KernelLog | None = None
+        self.gpu_clocks_at_start: tuple[gpuclocks.GpuClocks, float] | None = None
         self.began: float | None = None  # when the run began on the box (time.time()), once it reached it
         self.serving_now: list[ExitStack] = []  # the servers this run started and has not removed yet
         self.started_any = False  # whether it started a server of its own (not --base-url, not in place)
@@ -326,8 +327,11 @@ class RunSession:
         self.teardown_on_every_signal()  # from here on the run may change the box: every signal tears down
         self.take_the_host()
         facts = self.facts
-        if any("kernel_log_at_start" in getattr(i, "fixturenames", ()) for i in session.items):
+        wanted = {f for i in session.items for f in getattr(i, "fixturenames", ())}
+        if "kernel_log_at_start" in wanted:
             self.kernel_log_at_start = kernellog.read(self.host.run)  # what HOST-KERNEL-LOG counts from
+        if "gpu_clocks_at_start" in wanted and facts.gpus:  # what HOST-GPU-CLOCKS counts from
+            self.gpu_clocks_at_start = (gpuclocks.read(self.host.run), time.monotonic())
         self.began = time.time()
         self.select_for_host()
         chosen = {r.name for r in self.selected}

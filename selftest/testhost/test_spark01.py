@@ -66,6 +66,20 @@ class TestGoodSpark:
         assert "| Not Supported          |" in table
         assert "No running processes found" in table
 
+    def test_nvidia_smi_xml_states_the_recorded_clock_elements_nested_as_recorded(self, host):
+        """Every element the stand-in's `-q -x` prints is in the real driver's document at the same path."""
+        import xml.etree.ElementTree as ET
+
+        def paths(el, at=""):
+            return {f"{at}/{el.tag}"} | {p for child in el for p in paths(child, f"{at}/{el.tag}")}
+
+        recorded = Path(__file__).parents[1] / "data" / "hosts" / "h200-vm" / "under-load" / "load-q.xml"
+        printed = paths(ET.fromstring(host.check_output("nvidia-smi -q -x")))
+        real = paths(ET.fromstring(recorded.read_text()))
+        assert printed <= real, printed - real
+        counters = "/nvidia_smi_log/gpu/clocks_event_reasons_counters/clocks_event_reasons_counters_"
+        assert {f"{counters}{c}" for c in ("sw_therm_slowdown", "hw_therm_slowdown", "hw_power_brake")} <= printed
+
     def test_running_kernels_module_is_canonical_signed_595_84(self, host):
         assert host.check_output(f"modinfo -F signer {RUNNING_MODULE}") == CANONICAL_SIGNER
         assert host.check_output(f"modinfo -F version {RUNNING_MODULE}") == "595.84"
