@@ -7,14 +7,19 @@ part of the path (`--base-url http://127.0.0.1:PORT/<way>`):
                  validates requests against OpenAI's schema does
     errors-500   an error the engine answers (HTTP 4xx, with its message) reaches the client as a bare HTTP 500, as a
                  proxy that intercepts upstream errors does
+    cache-drifts a long request (over LONG characters of messages) sent before is answered as if its last message
+                 asked something else: a fluent answer to another question, as from a prefix cache that serves the
+                 KV blocks of another prompt (short prompts fill few blocks: a cache barely touches them)
 
     python -m selftest.broken_gateway PORT UPSTREAM_BASE_URL
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -24,10 +29,34 @@ OPENAI_FIELDS = {"model", "messages", "frequency_penalty", "logit_bias", "logpro
                  "max_completion_tokens", "n", "presence_penalty", "response_format", "seed", "stop", "stream",
                  "stream_options", "temperature", "top_p", "tools", "tool_choice", "parallel_tool_calls", "user"}
 BARE_500 = b"<html><body><h1>500 Internal Server Error</h1></body></html>"
+ANOTHER_QUESTION = "Name one thing a lighthouse keeper does every night. Answer in one short sentence."
+LONG = 1000
+
+
+def is_long(body: bytes) -> bool:
+    try:
+        return sum(len(m.get("content") or "") for m in json.loads(body)["messages"]
+                   if isinstance(m.get("content"), str)) > LONG
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def asked_something_else(body: bytes) -> bytes:
+    """The request with its last message's text replaced by ANOTHER_QUESTION (unchanged if it has none)."""
+    try:
+        request = json.loads(body)
+        if isinstance(request["messages"][-1]["content"], str):
+            request["messages"][-1]["content"] = ANOTHER_QUESTION
+            return json.dumps(request).encode()
+    except (ValueError, KeyError, IndexError, TypeError):
+        pass
+    return body
 
 
 class Handler(BaseHTTPRequestHandler):
     upstream: httpx.Client
+    seen: set[bytes] = set()  # the request bodies cache-drifts has forwarded
+    lock = threading.Lock()
 
     def log_message(self, *args: object) -> None:
         pass
@@ -42,6 +71,13 @@ class Handler(BaseHTTPRequestHandler):
                 body = json.dumps({k: v for k, v in request.items() if k in OPENAI_FIELDS}).encode()
             except (ValueError, AttributeError):
                 pass  # not a JSON object: the engine says what is wrong with it
+        if way == "cache-drifts" and method == "POST" and is_long(body):
+            key = hashlib.sha256(body).digest()
+            with self.lock:
+                again = key in self.seen
+                self.seen.add(key)
+            if again:
+                body = asked_something_else(body)
         headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
         with self.upstream.stream(method, path, content=body or None, headers=headers) as answer:
             if way == "errors-500" and 400 <= answer.status_code < 500:

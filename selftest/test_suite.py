@@ -380,6 +380,27 @@ def test_the_long_shapes_and_the_whole_capacity_sweep_pass_at_the_extended_level
                                  "largest usable concurrency: 4 (--max-num-seqs 4: the server serves no more at once)"])
 
 
+def test_floors_the_server_cannot_reach_at_depth_fail_both_long_context_checks(pytester, tmp_path, embedded_server):
+    """Decode and prefill floors of 150,000 tok/s after a long prompt: PERF-LONG-DECODE and PERF-LONG-PREFILL MUST
+    each fail with its own figure. The recipe admits 512 tokens of context: the long prompt's reader and verdict
+    are the extended level's, on a prompt and answer an eighth of the green proof's."""
+    def unreachable_at_depth(data):
+        data["serve_args"][data["serve_args"].index("--max-model-len") + 1] = "512"
+        for name in ("long_context_decode", "long_context_prefill"):
+            data["floors"][name].update(figure=1e6)
+
+    result = run_suite(pytester, "-m", "perf", f"--recipes-dir={broken_recipe(tmp_path, unreachable_at_depth)}",
+                       "--recipe=smollm2-cpu", f"--base-url={embedded_server.base_url}", "-k", "long",
+                       "--level=extended")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines([
+        "*[[]PERF-LONG-DECODE[]]*", "*expected: >= 150000 tok/s (15% of 1e+06 tok/s*",
+        "*found:    long-context decode, per request * tok/s (n=3, sample std)* on smollm2-cpu, a *-token uncached "
+        "prompt",
+        "*[[]PERF-LONG-PREFILL[]]*", "*expected: >= 150000 tok/s (15% of 1e+06 tok/s*",
+        "*found:    long-context prefill * tok/s (n=3, sample std)* on smollm2-cpu, a *-token uncached prompt"])
+
+
 def test_a_server_held_slow_under_sustained_load_fails_the_sustained_floor(pytester, embedded_server):
     """The real engine held to a tenth of this machine's CPU (a cgroup quota) through a 10 s window: per-request
     decode under sustained load MUST fall below the recipe's floor (2.8 tok/s; about 16 unslowed, 1.7 at an eighth),
