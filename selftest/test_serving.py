@@ -143,7 +143,8 @@ def test_a_gateway_wrong_in_one_way_fails_exactly_the_checks_that_guard_against_
     """The real engine behind a gateway that drops vLLM's own request fields, answers the engine's 4xx with a bare
     500, or answers a long prompt sent again as if it asked something else (fluent, not garbage: what only the
     comparison with the first answer sees): the serving layer MUST fail exactly the checks that guard against that,
-    saying so, and pass the rest (the long replays, which only read answers, are proven red on the broken models above)."""
+    saying so, and pass the rest (the long replays, which only read answers, are proven red on the broken models
+    above)."""
     checks, words = GATEWAYS[way]
     result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu", f"--base-url={gateway}/{way}",
                        "--level=quick", "-k", "not repro")
