@@ -1,9 +1,9 @@
 """The GPU's clocks over a run: how long the driver held them down, and why.
 
 `nvidia-smi -q -x` states, per GPU, a counter of microseconds spent in each clock event reason since the driver
-loaded (`clocks_event_reasons_counters`; drivers before 535 say `clocks_throttle_reasons`). Two reads, at a run's
-start and end, give the time each reason held the clocks during the run: every moment of it, where a sampled SM clock
-sees only the moments it was read.
+loaded (`clocks_event_reasons_counters`: in the XML of driver 580 already, where the CSV query has no such field).
+Two reads, at a run's start and end, give the time each reason held the clocks during the run: every moment of it,
+where a sampled SM clock sees only the moments it was read.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ JUDGED = {
 }
 # Running at the power limit is how a GPU under full load is meant to run: counted, not judged.
 COUNTED = {"sw_power_cap": "SW power cap", "sync_boost": "sync boost"}
-_COUNTER = re.compile(r"^clocks_(?:event|throttle)_reasons_counters_(\w+)$")
+_COUNTER = re.compile(r"^clocks_event_reasons_counters_(\w+)$")
 _MICROSECONDS = re.compile(r"^\s*(\d{1,19})\s*us\s*$")
 _MHZ = re.compile(r"^\s*(\d{1,6})\s*MHz\s*$")
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")

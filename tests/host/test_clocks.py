@@ -30,7 +30,7 @@ def test_the_gpu_clocks_were_never_held_down_for_heat_or_power_during_the_run(ch
     if start is None or start.refused:
         check.cannot_run("the GPU's clock counters could not be read when the run began ("
                          + (start.refused if start else "the run never reached the box") + ")",
-                         "an NVIDIA driver that keeps clock event reason counters (535 or later)")
+                         "an NVIDIA driver whose `nvidia-smi -q` lists Clocks Event Reasons Counters")
     end = gpuclocks.read(target_host.run)
     if end.refused:
         check.cannot_run(f"the GPU's clock counters could not be read at the run's end ({end.refused})")
