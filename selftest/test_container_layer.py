@@ -389,6 +389,12 @@ RECIPE_VARIANTS = {
                                   ["*expected: 46,091 bytes per token (model.kv_bytes_per_token), within 2%*",
                                    "*found:    23,046 bytes per token logged (1 GiB for 46,592 tokens), 0.50x the "
                                    "recipe's*"]),
+    "startup-budget-below-its-start": (
+        lambda d: d.update(startup={"budget_s": 1, "measured": "no start meets it", "source": "selftest"}),
+        "CONT-STARTUP-TIME", [
+            "*expected: serving within 1 s of the container's start (the recipe's startup.budget_s: no start meets it)",
+            "*found:    engine v0.32.0 initialising at * s; *KV cache sized: 46,592 tokens at * s; *serving after * s; "
+            "the longest wait: * s from '*' to '*'"]),
     "other-image": (lambda d: d.update(image=IMAGE_AMD64), "CONT-IMAGE",
                     [f"*expected: {IMAGE_AMD64} at sha256:*", f"*found:    {IMAGE} at sha256:*"]),
 }

@@ -2,10 +2,14 @@
 selftest/data) and the GPU engine's lines as vLLM prints them (quoted from published logs and from the guide;
 their format strings are in vLLM's v1 gpu_worker.py, kv_cache_utils.py and gpu_model_runner.py)."""
 
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from sparkgate import vllmlog
 from sparkgate.units import GIB
 from sparkgate.vllmlog import parse
 
@@ -132,3 +136,48 @@ def test_a_log_that_says_nothing_yet():
     assert f.starts == 0 and f.version is None and f.kv_tokens is None
     assert f.bytes_per_token is None and f.graph_mode is None
     assert f.summary() == {"starts": "0"}
+
+
+# ---- a start timed from docker's own stamps (docker logs --timestamps) ------------------------------------------
+
+def docker_stamped(log: str, first: str = "2026-11-30T17:11:42") -> str:
+    """The real CPU start's lines as `docker logs --timestamps` prints them: each at its own vLLM time (a line vLLM
+    does not stamp, at the last one's), in UTC, with nanoseconds."""
+    out, last = [], f"{first}.000000000Z"
+    for line in log.splitlines():
+        if m := re.search(r" (\d{2})-(\d{2}) (\d{2}:\d{2}:\d{2}) ", line):
+            last = f"2026-{m.group(1)}-{m.group(2)}T{m.group(3)}.123456789Z"
+        out.append(f"{last} {line}")
+    return "\n".join(out) + "\n"
+
+
+def test_a_start_is_timed_from_the_containers_start_phase_by_phase():
+    started = vllmlog.stamp("2026-11-30T17:11:34.5Z")  # 8 s of imports before the first line
+    times = vllmlog.startup_times(docker_stamped(CPU_LOG), started)
+    assert times.serving_s == pytest.approx(38.623, abs=0.001)  # "Starting vLLM server on", 17:12:13
+    assert str(times) == ("engine v0.32.0 initialising at 23 s; weights loaded in 0.74 s at 32 s; KV cache sized: "
+                          "46,592 tokens at 34 s; engine ready in 3.28 s at 37 s; serving after 39 s")
+    assert times.longest == "23 s from 'the container's start' to 'engine v0.32.0 initialising'"
+
+
+def test_lines_of_an_earlier_start_are_not_this_starts():
+    earlier = docker_stamped(CPU_LOG).replace("2026-11-30T", "2026-11-29T")
+    started = vllmlog.stamp("2026-11-30T17:11:40Z")
+    both = vllmlog.startup_times(earlier + docker_stamped(CPU_LOG), started)
+    assert both.serving_s == pytest.approx(33.123, abs=0.001)
+    assert vllmlog.startup_times(earlier, started).serving_s is None
+
+
+def test_docker_times_are_read_to_the_microsecond_and_nothing_else_is_a_time():
+    assert vllmlog.stamp("2026-12-04T23:34:16.123456789Z").isoformat() == "2026-12-04T23:34:16.123456+00:00"
+    assert vllmlog.stamp("2026-12-04T23:34:16Z").microsecond == 0
+    for not_a_time in ("0001-01-01T00:00:00Z", "2026-13-04T23:34:16Z", "2026-02-30T00:00:00Z", "", "INFO 12-04"):
+        assert vllmlog.stamp(not_a_time) is None, not_a_time
+
+
+@given(st.text(max_size=300))
+def test_any_log_text_is_timed_without_raising(text):
+    started = vllmlog.stamp("2026-11-30T17:11:34Z")
+    times = vllmlog.startup_times(text, started)
+    str(times), times.longest
+    vllmlog.startup_times(f"2026-11-30T17:11:35.1Z {text}\n2026-11-30T17:12:35Z Starting vLLM server on x\n", started)

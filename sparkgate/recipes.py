@@ -161,6 +161,14 @@ class Floor(_Strict):
         return f">= {self.min:g} {self.unit}{what} ({self.rule}: {self.measured}; {self.source})"
 
 
+class StartupBudget(_Strict):
+    """How long a start of the recipe may take, from the container's start to serving, with where that comes from."""
+
+    budget_s: float = Field(gt=0, description="seconds from the container's start to vLLM serving")
+    measured: str = Field(description="the starts it was set from: their times, n, and the machine")
+    source: str = Field(description="the runs that measured them")
+
+
 class Recipe(_Strict):
     # A name becomes a test id, a file name and a journal field: letters, digits, '.', '_' and '-' only.
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
@@ -201,6 +209,7 @@ class Recipe(_Strict):
     memory: Memory
     features: Features = Features()
     floors: dict[str, Floor] = {}
+    startup: StartupBudget | None = Field(None, description="the longest a start may take (CONT-STARTUP-TIME)")
     source_file: Path | None = Field(None, exclude=True)
 
     @model_validator(mode="after")

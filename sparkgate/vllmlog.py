@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from itertools import pairwise
 
 from .units import GIB
 
@@ -192,6 +194,7 @@ def parse(text: str) -> StartupFacts:
     return facts
 
 
+_API_SERVER = "API server starting on {0}"  # a phase of the progress; the start's end where it is timed
 _PHASES = [
     (re.compile(r"Initializing a V\d LLM engine \(v([^)\s]+)\)"), "engine v{0} initialising"),
     (re.compile(r"Loading safetensors checkpoint shards:\s+\d+% Completed \| (\d+)/(\d+)"),
@@ -203,7 +206,7 @@ _PHASES = [
      "graphs captured in {0} s, {1} GiB"),
     (re.compile(rf"(?:GPU|CPU) KV cache size: {_NUM} tokens"), "KV cache sized: {0} tokens"),
     (re.compile(rf"init engine \(profile, create kv cache, warmup model\) took {_NUM} s"), "engine ready in {0} s"),
-    (re.compile(r"Starting vLLM (?:API )?server on (\S+)"), "API server starting on {0}"),
+    (re.compile(r"Starting vLLM (?:API )?server on (\S+)"), _API_SERVER),
 ]
 
 
@@ -219,3 +222,71 @@ def phases(text: str) -> list[str]:
             found.append((matches[0].start(), template.format(*m.groups())))
     return [line for _, line in sorted(found)]
 
+
+
+# `docker logs --timestamps`: each line prefixed with the engine's own RFC 3339 UTC time, nanoseconds included.
+_DOCKER_STAMP = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?Z (.*)$")
+_SERVING = re.compile(r"Starting vLLM (?:API )?server on |Application startup complete")
+
+
+def stamp(text: str) -> datetime | None:
+    """A docker time (2026-12-04T23:34:16.123456789Z, as `State.StartedAt` and `logs --timestamps` write it) in UTC;
+    None for anything else (docker's 0001-01-01T00:00:00Z of a container never started included)."""
+    return _when(_DOCKER_STAMP.match(f"{text} "))
+
+
+def _when(m: re.Match[str] | None) -> datetime | None:
+    if not m or m.group(1).startswith("0001-"):
+        return None
+    try:
+        when = datetime.fromisoformat(m.group(1))
+    except ValueError:  # a 13th month, a 30th of February
+        return None
+    return when.replace(microsecond=int((m.group(2) or "0").ljust(6, "0")[:6]), tzinfo=UTC)
+
+
+@dataclass
+class StartupTimes:
+    """One start, timed from the container's start: when each phase began (seconds), and when it served."""
+
+    phases: list[tuple[float, str]] = field(default_factory=list)  # (seconds after the start, the phase, as shown)
+    serving_s: float | None = None  # None: its log does not say it serves
+
+    def __str__(self) -> str:
+        served = f"serving after {self.serving_s:.0f} s" if self.serving_s is not None else "not serving yet"
+        return "; ".join([f"{line} at {t:.0f} s" for t, line in self.phases] + [served])
+
+    @property
+    def longest(self) -> str | None:
+        """The longest wait between two things the start showed: where a slow start spent its time."""
+        points = [(0.0, "the container's start"), *self.phases]
+        if self.serving_s is not None:
+            points.append((self.serving_s, "serving"))
+        gaps = [(b[0] - a[0], a[1], b[1]) for a, b in pairwise(points)]
+        if not gaps:
+            return None
+        took, after, before = max(gaps)
+        return f"{took:.0f} s from '{after}' to '{before}'"
+
+
+def startup_times(timestamped: str, started: datetime) -> StartupTimes:
+    """The start that began at `started` (the container's State.StartedAt), from `docker logs --timestamps`: each
+    phase at the first line that shows it (named as its latest line shows it), and the first line that says it
+    serves. Lines stamped before `started` are an earlier start's."""
+    first: dict[int, float] = {}
+    shown: dict[int, str] = {}
+    out = StartupTimes()
+    for raw in _ANSI.sub("", timestamped).splitlines():
+        m = _DOCKER_STAMP.match(raw)
+        when = _when(m)
+        if when is None or when < started:
+            continue
+        seconds, line = (when - started).total_seconds(), m.group(3)
+        for i, (pattern, template) in enumerate(_PHASES):
+            if template is not _API_SERVER and (pm := pattern.search(line)):  # that one is serving, below
+                first.setdefault(i, seconds)
+                shown[i] = template.format(*pm.groups())
+        if out.serving_s is None and _SERVING.search(line):
+            out.serving_s = seconds
+    out.phases = sorted((first[i], shown[i]) for i in first)
+    return out
