@@ -69,14 +69,31 @@ def test_any_text_parses_without_raising(text):
     gpuclocks.parse(f"<nvidia_smi_log><gpu id={text!r}>{text}</gpu></nvidia_smi_log>")
 
 
-@given(st.dictionaries(st.sampled_from(sorted({**gpuclocks.JUDGED, **gpuclocks.COUNTED})),
-                       st.integers(0, 10**18)), st.text(st.characters(exclude_categories=("Cc", "Cs")), max_size=40))
-def test_any_counters_and_bus_id_make_a_printable_verdict(counters, bus):
-    """Any bus id XML can carry (control characters it cannot)."""
-    body = "".join(f"<clocks_event_reasons_counters_{k}>{v} us</clocks_event_reasons_counters_{k}>"
-                   for k, v in counters.items())
-    doc = f'<nvidia_smi_log><gpu id={quoteattr(bus)}>{body}</gpu></nvidia_smi_log>'
-    end = gpuclocks.parse(doc)
-    text = str(gpuclocks.slowdowns(gpuclocks.GpuClocks(), end))
-    assert text.isprintable()
-    assert gpuclocks.slowdowns(gpuclocks.GpuClocks(), end).any == any(counters.get(k) for k in gpuclocks.JUDGED)
+def counters_document(gpus: dict[str, dict[str, int]]) -> str:
+    return "<nvidia_smi_log>" + "".join(
+        f"<gpu id={quoteattr(bus)}>" + "".join(f"<clocks_event_reasons_counters_{k}>{v} us"
+                                              f"</clocks_event_reasons_counters_{k}>" for k, v in counters.items())
+        + "</gpu>" for bus, counters in gpus.items()) + "</nvidia_smi_log>"
+
+
+REASONS = sorted({**gpuclocks.JUDGED, **gpuclocks.COUNTED})
+
+
+@given(st.dictionaries(st.text(st.characters(exclude_categories=("Cc", "Cs")), max_size=40),
+                       st.dictionaries(st.sampled_from(REASONS), st.integers(0, 10**18)), min_size=1, max_size=3))
+def test_any_counters_and_bus_ids_make_a_printable_verdict_judged_on_what_grew(gpus):
+    """Two reads of any GPUs (any bus id XML can carry; control characters it cannot), the second with every counter
+    grown by its own value: printable, and failing exactly when a judged counter grew."""
+    start = gpuclocks.parse(counters_document(gpus))
+    end = gpuclocks.parse(counters_document({b: {k: 2 * v for k, v in c.items()} for b, c in gpus.items()}))
+    slowed = gpuclocks.slowdowns(start, end)
+    assert str(slowed).isascii() and str(slowed).isprintable()
+    assert slowed.any == any(c.get(k) for c in gpus.values() for k in gpuclocks.JUDGED)
+
+
+def test_a_counter_only_the_end_states_is_not_blamed_on_the_run():
+    """A GPU or counter the start did not state holds time from before the run: not judged."""
+    end = gpuclocks.parse(with_counter(LOAD, "hw_power_brake", 9_000_000))
+    assert not gpuclocks.slowdowns(gpuclocks.GpuClocks(), end).any
+    assert str(gpuclocks.slowdowns(gpuclocks.parse(IDLE), gpuclocks.parse(with_counter(LOAD, "hw_power_brake", 40_000)))
+               ).startswith("HW power brake slowdown 40 ms")

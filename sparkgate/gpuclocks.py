@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .redact import printable
+
 COMMAND = "nvidia-smi -q -x"
 # Counters that mean the box is not at its speed: heat (the driver's and the hardware's) and the power brake (an
 # external signal: a power supply or a board in trouble). The counter's name -> what an operator calls it.
@@ -27,7 +29,6 @@ COUNTED = {"sw_power_cap": "SW power cap", "sync_boost": "sync boost"}
 _COUNTER = re.compile(r"^clocks_event_reasons_counters_(\w+)$")
 _MICROSECONDS = re.compile(r"^\s*(\d{1,19})\s*us\s*$")
 _MHZ = re.compile(r"^\s*(\d{1,6})\s*MHz\s*$")
-_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 
 
 @dataclass
@@ -43,8 +44,8 @@ def read(run: Callable[[str], Any]) -> GpuClocks:
     """Read the clocks through `run` (a testinfra host's run)."""
     res = run(COMMAND)
     if res.rc != 0:
-        said = (res.stdout or res.stderr or "").strip().splitlines()
-        return GpuClocks(refused=f"`{COMMAND}` exited {res.rc}: {clean(said[0]) if said else 'nothing said'}")
+        said = ((res.stdout or "").strip() or (res.stderr or "").strip()).splitlines()
+        return GpuClocks(refused=f"`{COMMAND}` exited {res.rc}: {printable(said[0]) if said else 'nothing said'}")
     return parse(res.stdout)
 
 
@@ -56,7 +57,7 @@ def parse(text: str) -> GpuClocks:
         return GpuClocks(refused=f"`{COMMAND}` printed no readable XML ({exc})")
     out = GpuClocks()
     for gpu in root.iter("gpu"):
-        bus = clean(gpu.get("id") or f"GPU {len(out.sm_mhz)}")
+        bus = gpu.get("id") or f"GPU {len(out.sm_mhz)}"  # as stated (two ids may clean alike): cleaned when shown
         counters = {}
         for el in gpu.iter():
             if (m := _COUNTER.match(el.tag)) and (v := _MICROSECONDS.match(el.text or "")):
@@ -90,7 +91,8 @@ class Slowdowns:
     def __str__(self) -> str:
         def part(d: dict[str, dict[str, float]]) -> str:
             named = len(d) > 1  # one GPU (a Spark): no bus id to tell apart
-            return "; ".join((f"{bus}: " if named else "") + ", ".join(f"{why} {s:.1f} s" for why, s in reasons.items())
+            return "; ".join((f"{printable(bus)}: " if named else "")
+                             + ", ".join(f"{why} {_duration(s)}" for why, s in reasons.items())
                              for bus, reasons in d.items() if reasons)
 
         judged, counted = part(self.judged), part(self.counted)
@@ -98,16 +100,21 @@ class Slowdowns:
                                                                     if counted else "")
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds >= 0.1 else f"{seconds * 1e3:.3g} ms"  # a judged 40 ms never reads "0.0 s"
+
+
 def sm_clocks(clocks: GpuClocks) -> str:
     """"SM clock 1455 of 1980 MHz" per GPU that states both; "" where none does (GB10's were never recorded)."""
     named = len(clocks.sm_mhz) > 1
-    return "; ".join((f"{bus}: " if named else "") + f"SM clock {now} of {top} MHz"
+    return "; ".join((f"{printable(bus)}: " if named else "") + f"SM clock {now} of {top} MHz"
                      for bus, (now, top) in clocks.sm_mhz.items() if now and top)
 
 
 def slowdowns(start: GpuClocks, end: GpuClocks) -> Slowdowns:
-    """What each counter grew by from `start` to `end`, per GPU both reads state. A counter that went down means the
-    driver reloaded between the reads: its whole value at `end` is counted."""
+    """What each counter grew by from `start` to `end`, for each GPU and counter both reads state (one stated only at
+    the end holds time from before the run). A counter that went down means the driver reloaded between the reads:
+    its whole value at `end` is counted."""
     judged: dict[str, dict[str, float]] = {}
     counted: dict[str, dict[str, float]] = {}
     for bus, now in end.counters.items():
@@ -115,16 +122,11 @@ def slowdowns(start: GpuClocks, end: GpuClocks) -> Slowdowns:
         for names, into in ((JUDGED, judged), (COUNTED, counted)):
             grown = {}
             for key, words in names.items():
-                if key in now:
-                    delta = now[key] - before.get(key, 0)
+                if key in now and key in before:
+                    delta = now[key] - before[key]
                     if delta < 0:
                         delta = now[key]
                     if delta > 0:
                         grown[words] = delta / 1e6
             into[bus] = grown
     return Slowdowns(judged, counted)
-
-
-def clean(text: str) -> str:
-    """Printable ASCII only, at most 200 characters: what a box says is quoted, never interpreted."""
-    return _UNPRINTABLE.sub("?", text)[:200]

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .redact import printable
+
 COMMANDS = ("dmesg", "journalctl -k -b -o short-monotonic --no-pager -q")
 _LINE = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
 _JOURNAL_HOST = re.compile(r"^\S+ kernel: ")  # short-monotonic: "[    3.733040] spark01 kernel: NVRM: ..."
@@ -21,7 +23,6 @@ XID = re.compile(r"\bNVRM: Xid \(")  # NVRM: Xid (PCI:0000:0f:01): 79, pid=..., 
 # "nvidia 0000:01:00.0: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction Layer, (Requester ID)"
 AER_UNCORRECTED = re.compile(r"\b(AER: .*|PCIe Bus Error: severity=)(Uncorrect|Fatal)", re.I)
 AER_CORRECTED = re.compile(r"\b(AER: .*|PCIe Bus Error: severity=)(?<!un)Corrected\b", re.I)
-_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 SHOWN = 3  # lines quoted per kind; the rest are counted
 
 
@@ -48,7 +49,7 @@ def read(run: Callable[[str], Any]) -> KernelLog:
         lines = parse(res.stdout, journal=command.startswith("journalctl")) if res.rc == 0 else []
         if lines:
             return KernelLog(command, lines)
-        said = clean((res.stderr or "").strip().splitlines()[0] if (res.stderr or "").strip() else "")
+        said = printable((res.stderr or "").strip().splitlines()[0] if (res.stderr or "").strip() else "")
         refusals.append(f"`{command}`: " + (said or (f"exit {res.rc}" if res.rc else "no stamped lines")))
     return KernelLog(None, refused="; ".join(refusals))
 
@@ -61,12 +62,6 @@ def parse(text: str, journal: bool = False) -> list[tuple[float, str]]:
             message = _JOURNAL_HOST.sub("", m[2], count=1) if journal else m[2]
             out.append((float(m[1]), message))
     return out
-
-
-def clean(text: str, limit: int = 240) -> str:
-    """A line as it may go into a message: printable ASCII, at most `limit` characters."""
-    text = _UNPRINTABLE.sub("?", text)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 @dataclass
@@ -89,7 +84,7 @@ class Faults:
 
 
 def faults(lines: list[tuple[float, str]]) -> Faults:
-    stamped = [(text, f"[{t:.3f}] {clean(text)}") for t, text in lines]
+    stamped = [(text, f"[{t:.3f}] {printable(text)}") for t, text in lines]
     return Faults(xid=[s for text, s in stamped if XID.search(text)],
                   aer_uncorrected=[s for text, s in stamped if AER_UNCORRECTED.search(text)],
                   aer_corrected=sum(1 for text, _ in stamped if AER_CORRECTED.search(text)))

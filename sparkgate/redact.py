@@ -149,6 +149,16 @@ def mask_json(value: Any) -> Any:
 _NUMBER = re.compile(r"[-+]?\d+(\.\d+)?([eE][-+]?\d+)?")
 
 
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+
+def printable(text: str, limit: int = 240) -> str:
+    """What a box or a server said, as it may go into a message: printable ASCII (anything else, a terminal's escape
+    included, becomes `?`), at most `limit` characters."""
+    text = _UNPRINTABLE.sub("?", text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def md_text(text: str) -> str:
     """Text for a Markdown table cell or list item: masked, on one line, `|` escaped, and no raw HTML (GitHub renders
     it): a server's or a contributor's string stays text."""

@@ -6,6 +6,7 @@ import pytest
 
 from sparkgate import knownbad
 from sparkgate.launch.container_spec import DOCKER_ARCH, LABEL
+from sparkgate.redact import printable
 
 
 @pytest.mark.check(
@@ -65,21 +66,31 @@ def test_the_image_holds_no_known_bad_release(check, live, docker_engine, record
 
     config, binds = live.attrs.get("Config") or {}, (live.attrs.get("HostConfig") or {}).get("Binds") or []
     command = live.attrs.get("Path") or ""
-    lister = None
+    client, name, lister = docker_engine.client, live.name + knownbad.LISTER_SUFFIX, None
     try:  # read in a throwaway container of the same image, mounts and env: the server's own is never touched
-        lister = docker_engine.client.containers.run(
+        with contextlib.suppress(docker.errors.NotFound):  # one a run left as it died, by its label: ours to remove
+            if f"{LABEL}.packages" in (client.containers.get(name).labels or {}):
+                client.containers.get(name).remove(force=True)
+        lister = client.containers.create(
             live.attrs["Image"], [knownbad.PACKAGES_SCRIPT, "sparkgate-packages", command], entrypoint=["sh", "-c"],
-            name=live.name + knownbad.LISTER_SUFFIX, environment=config.get("Env") or [], volumes=binds,
-            user=config.get("User") or None, network_mode="none", labels={f"{LABEL}.packages": live.name},
-            detach=True)
-        lister.wait(timeout=knownbad.LISTER_TIMEOUT_S)
+            name=name, environment=config.get("Env") or [], volumes=binds, user=config.get("User") or None,
+            network_mode="none", labels={f"{LABEL}.packages": live.name})
+        lister.start()
+        status = lister.wait(timeout=knownbad.LISTER_TIMEOUT_S)["StatusCode"]
         out = lister.logs(stdout=True, stderr=False)
+        said = lister.logs(stdout=False, stderr=True).decode(errors="replace").strip()[-300:] if status else ""
+    except requests.exceptions.ReadTimeout:
+        check.cannot_run(f"listing the server's Python packages in its image did not finish within "
+                         f"{knownbad.LISTER_TIMEOUT_S} s")
     except (docker.errors.DockerException, requests.RequestException) as exc:
         check.cannot_run(f"the server's Python packages could not be listed in its image: {str(exc)[:300]}")
     finally:
         if lister is not None:
             with contextlib.suppress(docker.errors.DockerException):  # gone already: nothing to remove
                 lister.remove(force=True)
+    if status:  # a list cut short could leave out the one release that matters
+        check.cannot_run(f"listing the server's Python packages in its image exited {status}: "
+                         + (printable(said) or "nothing said"))
     installed = knownbad.parse(out.decode(errors="replace"))
     if not installed:
         check.cannot_run("the server's Python packages could not be listed in its image ("
