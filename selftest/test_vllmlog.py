@@ -181,3 +181,22 @@ def test_any_log_text_is_timed_without_raising(text):
     times = vllmlog.startup_times(text, started)
     str(times), times.longest
     vllmlog.startup_times(f"2026-11-30T17:11:35.1Z {text}\n2026-11-30T17:12:35Z Starting vLLM server on x\n", started)
+
+
+def test_a_start_that_never_serves_names_the_phase_it_was_stuck_in():
+    """The real CPU start's log up to its weights, then nothing (a compile or a profiling pass that hangs): the wait
+    ends at --startup-timeout naming the last phase the log showed, not only the time it waited."""
+    import socket
+
+    from sparkgate.launch.base import StartError, wait_ready
+
+    with socket.socket() as s:  # a port nothing listens on: connection refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    until_weights = CPU_LOG[:CPU_LOG.index("CPU KV cache size")]
+    lines = []
+    with pytest.raises(StartError) as raised:
+        wait_ready(f"http://127.0.0.1:{port}", "m", 4, lambda: None, lines.append, "stuck", log=lambda: until_weights)
+    assert str(raised.value).startswith("stuck not serving after 4 s (--startup-timeout); the last phase its log "
+                                        "showed: weights loaded in 0.74 s (at "), str(raised.value)
+    assert any("stuck: weights loaded in 0.74 s" in line for line in lines), lines

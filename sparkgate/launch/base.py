@@ -96,6 +96,7 @@ def wait_ready(base_url: str, served_name: str | None, timeout_s: float, alive: 
     start = time.monotonic()
     last_note = last_look = start
     seen: set[str] = set()
+    latest: tuple[str, float] | None = None  # the last new phase and when: where a start that hangs is stuck
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=5, headers=headers) as client:
         while True:
@@ -115,13 +116,16 @@ def wait_ready(base_url: str, served_name: str | None, timeout_s: float, alive: 
                     raise StartError(f"{label} at {base_url}: {why}")
             now = time.monotonic()
             if now - start > timeout_s:
+                stuck = (f"; the last phase its log showed: {latest[0]} (at {latest[1]:.0f} s)" if latest else
+                         "; its log showed no phase of a vLLM start" if log is not None else "")
                 raise StartError(f"{label} not serving after {timeout_s:.0f} s"
-                                 + ("" if quiet else " (--startup-timeout)"))
+                                 + ("" if quiet else " (--startup-timeout)") + stuck)
             if log is not None and now - last_look >= 3:
                 last_look = now
                 for phase in phases(log()):
                     if phase not in seen:
                         seen.add(phase)
+                        latest = (phase, now - start)
                         progress(f"  {label}: {phase} ({now - start:.0f} s)")
                         last_note = now
             if now - last_note >= 15:
