@@ -223,7 +223,6 @@ def phases(text: str) -> list[str]:
     return [line for _, line in sorted(found)]
 
 
-
 # `docker logs --timestamps`: each line prefixed with the engine's own RFC 3339 UTC time, nanoseconds included.
 _DOCKER_STAMP = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?Z (.*)$")
 _SERVING = re.compile(r"Starting vLLM (?:API )?server on |Application startup complete")

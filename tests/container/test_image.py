@@ -69,8 +69,9 @@ def test_the_image_holds_no_known_bad_release(check, live, docker_engine, record
     client, name, lister = docker_engine.client, live.name + knownbad.LISTER_SUFFIX, None
     try:  # read in a throwaway container of the same image, mounts and env: the server's own is never touched
         with contextlib.suppress(docker.errors.NotFound):  # one a run left as it died, by its label: ours to remove
-            if f"{LABEL}.packages" in (client.containers.get(name).labels or {}):
-                client.containers.get(name).remove(force=True)
+            leftover = client.containers.get(name)
+            if f"{LABEL}.packages" in (leftover.labels or {}):
+                leftover.remove(force=True)
         lister = client.containers.create(
             live.attrs["Image"], [knownbad.PACKAGES_SCRIPT, "sparkgate-packages", command], entrypoint=["sh", "-c"],
             name=name, environment=config.get("Env") or [], volumes=binds, user=config.get("User") or None,
