@@ -180,7 +180,9 @@ def test_any_log_text_is_timed_without_raising(text):
     started = vllmlog.stamp("2026-11-30T17:11:34Z")
     times = vllmlog.startup_times(text, started)
     str(times), times.longest
-    vllmlog.startup_times(f"2026-11-30T17:11:35.1Z {text}\n2026-11-30T17:12:35Z Starting vLLM server on x\n", started)
+    timed = vllmlog.startup_times(f"2026-11-30T17:11:35.1Z Initializing a V1 LLM engine (v{text})\n"
+                                  f"2026-11-30T17:12:35Z Starting vLLM server on x\n", started)
+    assert str(timed).isascii() and str(timed).isprintable()  # what the server said is quoted, never interpreted
 
 
 def test_a_start_that_never_serves_names_the_phase_it_was_stuck_in():

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from itertools import pairwise
 
+from .redact import printable
 from .units import GIB
 
 # Where one start of a server begins: the engine's config line or the server's banner, whichever is first.
@@ -284,7 +285,7 @@ def startup_times(timestamped: str, started: datetime) -> StartupTimes:
         for i, (pattern, template) in enumerate(_PHASES):
             if template is not _API_SERVER and (pm := pattern.search(line)):  # that one is serving, below
                 first.setdefault(i, seconds)
-                shown[i] = template.format(*pm.groups())
+                shown[i] = printable(template.format(*pm.groups()), 120)  # the server's words, quoted
         if out.serving_s is None and _SERVING.search(line):
             out.serving_s = seconds
     out.phases = sorted((first[i], shown[i]) for i in first)
