@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import signal
 import threading
 import time
@@ -384,7 +385,8 @@ RECIPE_VARIANTS = {
                                  "factor x native = --max-model-len*",
                                  "*found:    --max-model-len 4,096 past the native 2,048 with no YaRN*"]),
     "budget-below-resident": (lambda d: d["memory"].update(overhead_gib=0.5), "CONT-RESIDENT",
-                              ["*expected: <= 1.75 GiB*", "*GiB resident (cgroup usage*"]),
+                              ["*expected: <= 1.75 GiB*", "*GiB resident, the larger of * GiB in its cgroup (usage "
+                               "less inactive page cache) and 0.00 GiB on the GPU (nvidia-smi, its processes)"]),
     "kv-bytes-of-another-dtype": (lambda d: d["model"].update(kv_bytes_per_token=46091), "CONT-KV-BYTES",
                                   ["*expected: 46,091 bytes per token (model.kv_bytes_per_token), within 2%*",
                                    "*found:    23,046 bytes per token logged (1 GiB for 46,592 tokens), 0.50x the "
@@ -409,6 +411,25 @@ def test_a_recipe_the_live_container_does_not_meet_fails_exactly_its_check(pytes
     result, failed = run_against(pytester, tmp_path, dock, data)
     assert failed == [guard], result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(lines)
+
+
+def test_a_container_whose_processes_hold_gpu_memory_past_its_budget_fails_exactly_the_resident_check(
+        pytester, tmp_path, dock, good):
+    """On unified memory the driver counts what CUDA allocates per process, perhaps outside the cgroup: the stand-in
+    nvidia-smi is told the server's process holds 8 GiB (the recipe's budget is 6), and the check MUST judge that
+    side, the larger, and name it."""
+    good.reload()
+    apps = "/run/sparkgate-testhost/compute-apps"  # what the stand-in nvidia-smi lists, for pids still alive
+    before = dock.host.run(f"cat {apps} 2>/dev/null").stdout
+    dock.host.run(f"echo '{good.attrs['State']['Pid']}|python3|8192' >> {apps}", check=True)
+    try:
+        result, failed = run_against(pytester, tmp_path, dock, recipe_data())
+    finally:
+        dock.host.run(f"printf %s {shlex.quote(before)} > {apps}", check=True)
+    assert failed == ["CONT-RESIDENT"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(["*expected: <= 6.00 GiB (weights 0.25 + KV 1 + overhead 4.75)*",
+                                 "*found:    8.00 GiB resident, the larger of *.** GiB in its cgroup (usage less "
+                                 "inactive page cache) and 8.00 GiB on the GPU (nvidia-smi, its processes)*"])
 
 
 def test_a_crash_looping_container_is_removed_within_seconds(pytester, tmp_path, dock):

@@ -193,6 +193,16 @@ def parse_os_release(text: str) -> str:
     return "unknown"
 
 
+COMPUTE_APPS = "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader"
+
+
+def compute_apps(host: Any) -> list[ComputeApp] | None:
+    """The processes holding GPU memory now, with nvidia-smi's per-process MiB; None where nvidia-smi does not
+    answer."""
+    res = host.run(COMPUTE_APPS)
+    return parse_compute_apps(res.stdout) if res.rc == 0 else None
+
+
 def parse_compute_apps(text: str) -> list[ComputeApp]:
     """`nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader`."""
     apps = []
@@ -292,8 +302,7 @@ def gather(host: Any, target: str) -> HostFacts:
         res = host.run(f"nvidia-smi --query-gpu={','.join(GPU_FIELDS)} --format=csv,noheader")
         if res.rc == 0:
             facts["gpus"] = parse_gpu_csv(res.stdout)
-            apps = host.run("nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader")
-            facts["compute_apps"] = parse_compute_apps(apps.stdout) if apps.rc == 0 else []
+            facts["compute_apps"] = compute_apps(host) or []
         else:
             facts["nvidia_smi_error"] = (res.stdout + res.stderr).strip() or f"exit status {res.rc}"
     facts.update(_secure_boot(host))
@@ -419,15 +428,15 @@ def containers_of(host: Any, pids: set[int]) -> dict[int, str]:
     return found
 
 
-def gpu_mib_of_container(host: Any, facts: HostFacts, container_id: str) -> int:
-    """GPU memory (MiB, nvidia-smi's per-process figure) held by the processes of a docker container: on
+def gpu_mib_of_container(host: Any, apps: list[ComputeApp], container_id: str) -> int:
+    """GPU memory (MiB, nvidia-smi's per-process figure in `apps`) held by the processes of a docker container: on
     unified memory it comes back to MemAvailable when the container goes. 0 without nvidia-smi's figures."""
-    pids = [a.pid for a in facts.compute_apps if a.used_mib]
+    pids = [a.pid for a in apps if a.used_mib]
     if not pids or not container_id:
         return 0
     res = host.run("grep -l " + shlex.quote(container_id) + " " + " ".join(f"/proc/{p}/cgroup" for p in pids))
     inside = {int(line.split("/")[2]) for line in res.stdout.split() if line.startswith("/proc/")}
-    return sum(a.used_mib or 0 for a in facts.compute_apps if a.pid in inside)
+    return sum(a.used_mib or 0 for a in apps if a.pid in inside)
 
 
 def version_tuple(version: str) -> tuple[int, ...]:

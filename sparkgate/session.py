@@ -161,7 +161,7 @@ class RunSession:
         f = self.facts
         return HostSide(paths=HostPaths(home=f.home or "$HOME", hf_cache=f.hf_cache or "$HOME/.cache/huggingface"),
                         exists=lambda path: self.host.file(path).exists,
-                        gpu_mib=lambda container_id: gpu_mib_of_container(self.host, f, container_id))
+                        gpu_mib=lambda container_id: gpu_mib_of_container(self.host, f.compute_apps, container_id))
 
     @property
     def journal(self) -> Journal:

@@ -12,7 +12,9 @@ from sparkgate.units import GIB, MIB
 def _held_by_the_replaced(target_host, host_facts, recipe) -> int:
     """What the container a recipe replaces holds (resident and on the GPU): given back before the recipe starts."""
     held = host_facts.container(recipe.container_name)
-    return 0 if held is None else held.resident_bytes + gpu_mib_of_container(target_host, host_facts, held.id) * MIB
+    if held is None:
+        return 0
+    return held.resident_bytes + gpu_mib_of_container(target_host, host_facts.compute_apps, held.id) * MIB
 
 
 @pytest.mark.check(
