@@ -9,6 +9,7 @@ module that reads a running box; each broken variant fails exactly the check tha
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -165,6 +166,7 @@ def test_with_take_over_the_recipes_run_in_turn_and_production_is_set_aside_once
         f"(and the run's later recipes': it comes back after the last; smollm2-docker's start: *; {NAME}'s start "
         "again: * s, its own last start (its log))",
         "*smollm2-docker: serving smollm2-135m-instruct after*",
+        "*smollm2-docker: the first token of a streamed answer came * s after the start",
         f"*smollm2-docker: stopped and removed; the recipe's container {NAME} removed",
         "*hid-b: serving hid-b-model after*",
         f"*hid-b: stopped and removed; the recipe's container {NAME} removed",
@@ -183,6 +185,7 @@ def test_with_take_over_the_recipes_run_in_turn_and_production_is_set_aside_once
     assert (run.server["version"], run.server["kv_tokens"], run.server["kv_cache_basis"]) == ("0.32.0", "46592",
                                                                                               "pinned")
     assert run.server["kv_bytes_per_token"] == "23046" and run.server["graph_mode"] == "eager"
+    assert float(run.server["first_answer_s"]) > float(run.server["load_s"]) > 0, run.server
     after = _state(good)
     assert (after[0], after[1], after[2], after[4]) == (before[0], before[1], "running", before[4])
     assert NAME + SAVED_SUFFIX not in dock.names()
@@ -430,6 +433,34 @@ def test_a_container_whose_processes_hold_gpu_memory_past_its_budget_fails_exact
     result.stdout.fnmatch_lines(["*expected: <= 6.00 GiB (weights 0.25 + KV 1 + overhead 4.75)*",
                                  "*found:    8.00 GiB resident, the larger of *.** GiB in its cgroup (usage less "
                                  "inactive page cache) and 8.00 GiB on the GPU (nvidia-smi, its processes)*"])
+
+
+@pytest.mark.parametrize(("earlier_s", "budget_s"), [(100, 200), (10, 20)])
+def test_a_recipe_with_no_startup_budget_is_held_to_twice_its_earlier_start_here(pytester, tmp_path, dock, good,
+                                                                                  earlier_s, budget_s):
+    """Where a recipe states no budget, the start an earlier run measured on this target (the runner's cache) is its
+    basis: the good container's start (~40 s) MUST pass twice 100 s and fail twice 10 s, naming the basis."""
+    data = recipe_data(name="smollm2-earlier")
+    del data["startup"]
+    starts = Path(os.environ["SPARKGATE_CACHE"]) / "starts.json"
+    key = f"{dock.host.name} {data['name']}"
+    kept = json.loads(starts.read_text()) if starts.exists() else {}
+    starts.write_text(json.dumps({**kept, key: earlier_s}))
+    try:
+        result, failed = dock.run_suite(pytester, tmp_path, data, "-m", "container", "-k", "startup_budget",
+                                        f"--base-url=http://{dock.host.address}:{PORT}")
+    finally:
+        kept = json.loads(starts.read_text())
+        kept.pop(key, None)
+        starts.write_text(json.dumps(kept))
+    out = result.stdout.str()
+    assert failed == ([] if earlier_s == 100 else ["CONT-STARTUP-TIME"]), out[-4000:]
+    assert result.parseoutcomes().get("passed", 0) == (earlier_s == 100), out[-4000:]
+    if earlier_s == 10:
+        result.stdout.fnmatch_lines([f"*expected: serving within {budget_s} s of the container's start (the recipe "
+                                     "states no startup.budget_s: twice the 10 s an earlier run took to bring it to "
+                                     "serving here)*", "*found:    engine v0.32.0 initialising at * s; *serving after "
+                                     "* s; the longest wait: *"])
 
 
 def test_a_crash_looping_container_is_removed_within_seconds(pytester, tmp_path, dock):

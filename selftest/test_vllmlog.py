@@ -160,6 +160,17 @@ def test_a_start_is_timed_from_the_containers_start_phase_by_phase():
     assert times.longest == "23 s from 'the container's start' to 'engine v0.32.0 initialising'"
 
 
+def test_a_start_the_run_timed_to_its_first_token_is_held_to_that_token():
+    """The first streamed token comes after the log says it serves (a first request may still compile): where the run
+    timed it, that is when the start served a user, and a first request that waits longest is named as the wait."""
+    times = vllmlog.startup_times(docker_stamped(CPU_LOG), vllmlog.stamp("2026-11-30T17:11:34.5Z"))
+    assert times.reached_s == times.serving_s
+    times.first_token_s = 95.0
+    assert times.reached_s == 95.0
+    assert str(times).endswith("serving after 39 s; its first streamed token after 95 s")
+    assert times.longest == "56 s from 'serving' to 'its first streamed token'"
+
+
 def test_lines_of_an_earlier_start_are_not_this_starts():
     earlier = docker_stamped(CPU_LOG).replace("2026-11-30T", "2026-11-29T")
     started = vllmlog.stamp("2026-11-30T17:11:40Z")

@@ -254,6 +254,12 @@ def recipe(request: pytest.FixtureRequest) -> Recipe:
     return request.param
 
 
+@pytest.fixture
+def earlier_start(_run: RunSession, recipe: Recipe) -> float | None:
+    """Seconds an earlier run took to bring `recipe` to serving on this target (the runner's cache), if known."""
+    return _run.last_start(recipe.name)
+
+
 @pytest.fixture(scope="session")
 def recipe_profile(recipe: Recipe, profiles: dict[str, Profile]) -> Profile:
     """The hardware profile the recipe is written for."""

@@ -81,6 +81,7 @@ class RunSession:
                                    selection(config))
         self.environment: dict[str, str] = {}  # for the report's environment table
         self.baseline = self._baseline()
+        self._earlier_starts = _starts()  # before this run's own: what its starts are held to
         if opt.sg_image:
             self.override_images(opt.sg_image)
         self.start_errors: dict[str, str] = {}
@@ -209,8 +210,9 @@ class RunSession:
     # ---- production, set aside by --take-over ---------------------------------------------------------------
 
     def last_start(self, recipe: str) -> float | None:
-        """Seconds the suite last took to bring `recipe` to serving on this target (the runner's cache), if known."""
-        return _starts().get(f"{self.target} {recipe}")
+        """Seconds the suite took to bring `recipe` to serving on this target in an earlier run (the runner's cache),
+        if known."""
+        return self._earlier_starts.get(f"{self.target} {recipe}")
 
     def put_back(self) -> None:
         """After the run's last recipe: bring back what --take-over set aside, and wait until it serves again (on its

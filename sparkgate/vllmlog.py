@@ -251,10 +251,17 @@ class StartupTimes:
 
     phases: list[tuple[float, str]] = field(default_factory=list)  # (seconds after the start, the phase, as shown)
     serving_s: float | None = None  # None: its log does not say it serves
+    first_token_s: float | None = None  # the first token of a streamed answer, where the run timed the start itself
 
     def __str__(self) -> str:
         served = f"serving after {self.serving_s:.0f} s" if self.serving_s is not None else "not serving yet"
-        return "; ".join([f"{line} at {t:.0f} s" for t, line in self.phases] + [served])
+        token = [f"its first streamed token after {self.first_token_s:.0f} s"] if self.first_token_s is not None else []
+        return "; ".join([f"{line} at {t:.0f} s" for t, line in self.phases] + [served] + token)
+
+    @property
+    def reached_s(self) -> float | None:
+        """When the start served a user: its first token where that was timed, else when its log said it serves."""
+        return self.first_token_s if self.first_token_s is not None else self.serving_s
 
     @property
     def longest(self) -> str | None:
@@ -262,7 +269,9 @@ class StartupTimes:
         points = [(0.0, "the container's start"), *self.phases]
         if self.serving_s is not None:
             points.append((self.serving_s, "serving"))
-        gaps = [(b[0] - a[0], a[1], b[1]) for a, b in pairwise(points)]
+        if self.first_token_s is not None:
+            points.append((self.first_token_s, "its first streamed token"))
+        gaps = [(b[0] - a[0], a[1], b[1]) for a, b in pairwise(sorted(points))]
         if not gaps:
             return None
         took, after, before = max(gaps)

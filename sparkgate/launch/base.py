@@ -56,6 +56,22 @@ class Server:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
 
+def first_token(server: Server, since: float, timeout_s: float = 300) -> tuple[float | None, str]:
+    """Seconds from `since` (time.monotonic() at the start) to the first token of a short streamed answer: when a
+    start really serves, as a user sees it (a first request may still compile or warm up); None with why where no
+    token came."""
+    import asyncio
+
+    from ..measure import Target, burst
+    from ..probes import chat_body
+
+    body = chat_body(server.served_name, "Say OK.", max_tokens=4)
+    [record] = asyncio.run(burst(Target(server.base_url, server.headers), [body], deadline_s=timeout_s))
+    if record.t_first_token is None:
+        return None, record.error or "the answer held no token"
+    return record.t_first_token - since, ""
+
+
 def log_tail(path: Path, lines: int = 30) -> str:
     text = path.read_text(errors="replace") if path.exists() else ""
     return "\n".join(text.splitlines()[-lines:])

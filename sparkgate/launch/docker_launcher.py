@@ -31,7 +31,7 @@ from typing import Any
 from ..hostlock import Journal
 from ..recipes import Recipe
 from ..vllmlog import parse as parse_log
-from .base import NeedsTakeOver, Occupied, Progress, Server, StartError, served_names, wait_ready
+from .base import NeedsTakeOver, Occupied, Progress, Server, StartError, first_token, served_names, wait_ready
 from .container_spec import (
     LABEL,
     SAVED_SUFFIX,
@@ -261,6 +261,7 @@ class DockerLauncher:
         try:
             container = client.containers.create(**run_kwargs(r, self.run_id, self.host.paths))
             self.journal.update(entry, id=container.id)
+            started = time.monotonic()
             container.start()
         except docker.errors.APIError as exc:  # a port taken, a missing GPU runtime, a bad entrypoint
             raise StartError(f"the docker engine of {self.engine.target} would not start {r.container_name}: "
@@ -269,6 +270,12 @@ class DockerLauncher:
         took = wait_ready(base_url, r.model.served_name, timeout_s, self._watch(container, ours=True), progress, r.name,
                           server.api_key, log=server.log_text)
         server.facts["load_s"] = f"{took:.1f}"
+        seconds, why = first_token(server, started)
+        if seconds is not None:
+            server.facts["first_answer_s"] = f"{seconds:.1f}"  # no "token" in a key: the results mask those
+            progress(f"  {r.name}: the first token of a streamed answer came {seconds:.0f} s after the start")
+        else:
+            server.facts["first_answer"] = f"none after the start: {why}"
         return self._with_facts(server, container)
 
     def _pull(self, progress: Progress) -> None:

@@ -41,11 +41,14 @@ def test_the_startup_log_states_the_servers_facts(check, live, record_property):
         "pass is skipped with --skip-mm-profiling (the guide); if the new time is the price of the change, measure "
         "three starts and set the recipe's startup.budget_s from them",
 )
-def test_the_last_start_served_within_the_recipes_startup_budget(check, live, recipe, docker_engine, record_property):
-    """The container's last start MUST have reached serving within the recipe's startup budget."""
+def test_the_last_start_served_within_the_recipes_startup_budget(check, live, recipe, docker_engine, earlier_start,
+                                                                   record_property):
+    """The container's last start MUST have served (its first streamed token, where this run timed it) within the
+    recipe's startup budget, or, where the recipe states none, within twice the start an earlier run measured here."""
     import docker.errors
 
-    started = vllmlog.stamp(str((live.attrs.get("State") or {}).get("StartedAt", "")))
+    state = live.attrs.get("State") or {}
+    started = vllmlog.stamp(str(state.get("StartedAt", "")))
     if started is None:
         check.cannot_run(f"docker states no start time for {live.name}")
     try:
@@ -53,17 +56,26 @@ def test_the_last_start_served_within_the_recipes_startup_budget(check, live, re
     except docker.errors.DockerException as exc:
         check.cannot_run(f"the log of {live.name} could not be read with its times: {str(exc)[:300]}")
     times = vllmlog.startup_times(log.decode(errors="replace"), started)
+    token = live.server.facts.get("first_answer_s")
+    if live.server.started and token and not live.attrs.get("RestartCount"):  # this run's start, timed by it
+        times.first_token_s = float(token)
     record_property("startup", str(times))
     if times.serving_s is None:
         check.cannot_run(f"the log of its last start ({started:%Y-%m-%d %H:%M:%S} UTC) says no server started "
                          "serving: CONT-LOG-FACTS reads what it did say")
-    if recipe.startup is None:
-        check.cannot_run(f"recipe {recipe.name} states no startup budget (its last start: {times})",
-                         "startup.budget_s in the recipe, from three starts measured on the box")
-    budget = recipe.startup.budget_s
-    check.that(times.serving_s <= budget,
-               expected=f"serving within {budget:g} s of the container's start (the recipe's startup.budget_s: "
-                        f"{recipe.startup.measured})",
+    if recipe.startup is not None:
+        budget, basis = recipe.startup.budget_s, f"the recipe's startup.budget_s: {recipe.startup.measured}"
+    elif earlier_start is not None:
+        budget = 2 * earlier_start  # a lost compile cache, a profiling pass grown: the slower starts this catches
+        basis = (f"the recipe states no startup.budget_s: twice the {earlier_start:.0f} s an earlier run took to bring "
+                 "it to serving here")
+    else:
+        check.cannot_run(f"recipe {recipe.name} states no startup budget and no earlier run timed its start here "
+                         f"(its last start: {times})", "startup.budget_s in the recipe, from three starts measured on "
+                         "the box; or a run that starts it (--take-over), which the next run is held to")
+    what = "its first streamed token" if times.first_token_s is not None else "serving"
+    check.that(times.reached_s <= budget,
+               expected=f"{what} within {budget:g} s of the container's start ({basis})",
                found=f"{times}; the longest wait: {times.longest}")
 
 
