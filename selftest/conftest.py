@@ -7,9 +7,11 @@ import os
 import pytest
 
 from .helpers import embedded_recipe_dir, local_mem_available
+from .proofs import record_outcome, start_log
 
 
 def pytest_configure(config):
+    start_log()  # which self-test proved each check, from the suite's runs (proofs.py)
     config.addinivalue_line("markers", "clean_machine: runs this machine's own host checks, so it runs first, "
                                        "before the session's shared server (another model server here) starts")
 
@@ -46,6 +48,10 @@ def embedded_server(tmp_path_factory):
     recipe = load_recipes(embedded_recipe_dir(tmp_path_factory.mktemp("embedded")))["smollm2-cpu"]
     with serving(recipe, load_profiles()["cpu"], local_mem_available, print, 600) as srv:
         yield srv
+
+
+def pytest_runtest_logreport(report):
+    record_outcome(report)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -21,8 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Every run of the acceptance suite the self-tests start: neither pytest's cache nor Hypothesis' plugin (which
-# pytest loads by its entry point, and which costs a second or more of import in each of about a hundred runs).
-SUITE_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+# pytest loads by its entry point, and which costs a second or more of import in each of about a hundred runs), and
+# the log of which self-test proved each check (selftest/proofs.py).
+SUITE_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "selftest.proofs")
 
 
 def _controlling_terminal() -> None:

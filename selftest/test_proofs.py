@@ -1,0 +1,30 @@
+"""The proofs table: only a self-test that passed proves anything, and "could not run" proves nothing."""
+
+import json
+
+from selftest.proofs import proofs, table
+
+
+def _lines(*entries):
+    return [json.dumps(e) for e in entries]
+
+
+def test_a_check_is_proven_only_by_self_tests_that_passed_and_only_by_what_it_did():
+    log = _lines(
+        {"by": "t.py::good", "check": "HOST-ARCH", "outcome": "passed"},
+        {"by": "t.py::broken", "check": "HOST-ARCH", "outcome": "failed"},
+        {"by": "t.py::flaky", "check": "HOST-GPU", "outcome": "failed"},  # its self-test failed: no proof
+        {"by": "t.py::good", "check": "HOST-GPU", "outcome": "skipped"},  # could not run: no proof
+        {"selftest": "t.py::good", "outcome": "passed", "when": "call"},
+        {"selftest": "t.py::broken", "outcome": "passed", "when": "call"},
+        {"selftest": "t.py::flaky", "outcome": "passed", "when": "call"},
+        {"selftest": "t.py::flaky", "outcome": "failed", "when": "teardown"},
+    )
+    assert proofs(log) == {"HOST-ARCH": {"green": ["t.py::good"], "red": ["t.py::broken"]}}
+
+
+def test_the_table_lists_the_checks_not_proven_both_ways_first():
+    text = table({"HOST-ARCH": {"green": ["t.py::good"], "red": ["t.py::broken"]}}, "a log")
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert rows[-1] == "| `HOST-ARCH` | `good` | `broken` |"
+    assert "1 of " in text and "`HOST-GPU`" in text.split("not yet:")[1].split("\n")[0]
