@@ -33,6 +33,16 @@ def test_the_guides_fingerprint_is_named_as_the_tool_call_leak():
     assert "CJK" in sanity.summary(findings)
 
 
+def test_thinking_left_in_the_content_is_one_reasoning_leak_and_thinking_split_off_is_none():
+    """What a reasoning model served without its reasoning parser answers (selftest/thinker.py's, recorded)."""
+    leaked = {"content": "<think>\nThe question asks for 2 plus 3. 2 + 3 = 5.\n</think>\n\n5", "reasoning": None}
+    [finding] = sanity.scan_message(leaked)
+    assert finding.kind == "reasoning-leak" and "a literal <think> at char 0" in finding.what
+    assert sanity.thinking_in_content(leaked["content"]) == "The question asks for 2 plus 3. 2 + 3 = 5."
+    split = {"content": "\n\n5", "reasoning": "\nThe question asks for 2 plus 3. 2 + 3 = 5.\n"}
+    assert sanity.scan_message(split) == [] and sanity.thinking_in_content(split["content"]) == ""
+
+
 def test_a_tool_call_parsed_into_tool_calls_is_not_a_leak():
     message = {"content": "<tool_call>", "tool_calls": [{"function": {"name": "get_weather", "arguments": "{}"}}]}
     assert all(f.kind != "tool-call-leak" for f in sanity.scan_message(message))

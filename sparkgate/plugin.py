@@ -353,6 +353,17 @@ def results(_run: RunSession) -> ResultsFile:
 
 
 @pytest.fixture
+def server_fact(_run: RunSession, recipe: Recipe) -> Any:
+    """server_fact(key, value): keep a fact a check learned of the recipe's server in the results file, and return
+    what the --baseline's run of the same recipe said of it (None: no baseline, or it said nothing)."""
+    def keep(key: str, value: str) -> str | None:
+        _run.results.note(recipe.name, key, value)
+        before = next((r for r in _run.baseline.recipes if r.recipe == recipe.name), None) if _run.baseline else None
+        return None if before is None else before.server.get(key)
+    return keep
+
+
+@pytest.fixture
 def keep_figure(_run: RunSession, recipe: Recipe, check: Check, request: pytest.FixtureRequest) -> Any:
     """keep_figure(figure, floor=None, floor_name=None): a measured figure of this check, for the report and the
     results file, and (with --baseline) held to the baseline's."""

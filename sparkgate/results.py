@@ -205,6 +205,13 @@ class ResultsFile:
             server={k: v for k, v in server.items() if k not in ("image",)}))
         self._write()
 
+    def note(self, recipe: str, key: str, value: str) -> None:
+        """A fact a check learned of a recipe's server (the field its thinking arrives in), kept with the recipe."""
+        for run in self.data.recipes:
+            if run.recipe == recipe:
+                run.server[key] = value
+        self._write()
+
     def add(self, figure: Figure, recipe: Recipe, check: str, test: str, floor: float | None = None,
             floor_name: str | None = None) -> Measurement:
         m = Measurement(**figure.model_dump(), recipe=recipe.name, check=check, test=test, floor=floor,

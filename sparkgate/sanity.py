@@ -141,7 +141,8 @@ LINE_MAX_COPIES = 4
 class Finding:
     """One sign of garbage: its kind, where it starts (character offset) and a one-line description."""
 
-    kind: str  # nul | control | undecodable | script | special-token | tool-call-leak | repetition | salad
+    kind: str  # nul | control | undecodable | script | special-token | tool-call-leak | reasoning-leak |
+    #            bpe-marker | punctuation | repetition | salad | word-salad
     offset: int
     what: str
 
@@ -493,6 +494,15 @@ def prompt_text(body: Mapping[str, Any]) -> str:
 REASONING_FIELDS = ("reasoning", "reasoning_content")  # this vLLM's name, then older builds
 
 
+THINK_TAGS = ("<think>", "</think>")
+
+
+def thinking_in_content(content: str) -> str:
+    """The thinking a message's content carries in <think> tags (a server that did not split it off): ""."""
+    m = re.search(r"<think>(.*?)(?:</think>|$)", content, re.S) or re.search(r"^(.*?)</think>", content, re.S)
+    return m.group(1).strip() if m else ""
+
+
 def reasoning_of(message: Mapping[str, Any]) -> tuple[str | None, str]:
     """Which field carries a message's thinking, and the thinking ("" and None when there is none)."""
     for key in REASONING_FIELDS:
@@ -516,6 +526,15 @@ def scan_message(message: Mapping[str, Any], prompt: str = "") -> list[Finding]:
             "tool-call-leak", at,
             f"the guide's garbage fingerprint: a literal <tool_call> in content (char {at}) while tool_calls[] "
             f"is empty: {excerpt(content, at)}"))
+    if not reasoning and (tag := next((t for t in THINK_TAGS if t in prose), None)):
+        at = prose.index(tag)
+        # One finding: the thinking block, not two leaked tokens (no reasoning parser split it off).
+        findings = [f for f in findings
+                    if not (f.kind == "special-token" and f.what.split(" (")[0].endswith(THINK_TAGS))]
+        findings.insert(0, Finding(
+            "reasoning-leak", at,
+            f"thinking in the content (a literal {tag} at char {at}) while no reasoning field carries any: "
+            f"{excerpt(content, at)}"))
     for f in scan(reasoning, prompt):
         findings.append(Finding(f.kind, f.offset, f"in the reasoning field: {f.what}"))
     for call in message.get("tool_calls") or []:

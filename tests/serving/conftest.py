@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from sparkgate.shipped import REPRO_DIR
 from sparkgate.stream import Assembled, StreamError
 
 SANITY_CHECK = "SERVE-SANITY"  # the check that diagnoses garbage answers; the others point at it
+REASONING_CHECK = "SERVE-REASONING"  # the one that diagnoses thinking left in the answer
 TIMEOUT_S = 300  # a 2-core CPU box answers a long prompt in tens of seconds; a hang is longer than this
 
 
@@ -69,10 +71,12 @@ class Endpoint:
                             fix="read the server log: a dropped connection is usually an engine crash")
         raise AssertionError("unreachable")
 
-    def chat(self, body: dict[str, Any], label: str = "", timeout: float | None = None) -> dict[str, Any]:
-        """A non-streamed chat completion that must answer 200; its message must be clean."""
+    def chat(self, body: dict[str, Any], label: str = "", timeout: float | None = None,
+             judged_here: Collection[str] = ()) -> dict[str, Any]:
+        """A non-streamed chat completion that must answer 200; its message must be clean (but for the kinds of
+        finding the running check judges itself: `judged_here`)."""
         __tracebackhide__ = True
-        return self.answer(self.post(body, timeout=timeout), body, label)
+        return self.answer(self.post(body, timeout=timeout), body, label, judged_here)
 
     def json_object(self, response: httpx.Response, what: str) -> dict[str, Any]:
         """The response's JSON object, or the running check fails saying what came instead (HTML, a list)."""
@@ -99,7 +103,8 @@ class Endpoint:
             return str(error.get("message") or "")
         return str(error or "")
 
-    def answer(self, response: httpx.Response, body: dict[str, Any], label: str = "") -> dict[str, Any]:
+    def answer(self, response: httpx.Response, body: dict[str, Any], label: str = "",
+               judged_here: Collection[str] = ()) -> dict[str, Any]:
         """Judge a chat completion already received: HTTP 200 with a choice, and a clean message."""
         __tracebackhide__ = True
         what = f"a chat completion{label and ' for ' + label}"
@@ -110,7 +115,7 @@ class Endpoint:
         self.check.that(isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict),
                         expected=f"HTTP 200 with a choice{label and ' for ' + label}",
                         found=f"HTTP {response.status_code}: {short(response.text)}")
-        self.clean(choices[0].get("message") or {}, body, label)
+        self.clean(choices[0].get("message") or {}, body, label, judged_here)
         return data
 
     def stream(self, body: dict[str, Any], label: str = "", timeout: float | None = None) -> Assembled:
@@ -149,13 +154,16 @@ class Endpoint:
         self.clean(out.message, body, label)
         return out
 
-    def clean(self, message: dict[str, Any], body: dict[str, Any], label: str = "") -> None:
+    def clean(self, message: dict[str, Any], body: dict[str, Any], label: str = "",
+              judged_here: Collection[str] = ()) -> None:
         """Fail the running check when the answer carries garbage, quoting what and where. Every check that reads
-        an answer judges it so; SERVE-SANITY is the one whose job it is, so the others point at it: when it fails
-        too, they fail on the same defect."""
+        an answer judges it so; SERVE-SANITY is the one whose job it is (SERVE-REASONING's, for thinking left in
+        the answer), so the others point at it: when it fails too, they fail on the same defect."""
         __tracebackhide__ = True
-        findings = sanity.scan_message(message, sanity.prompt_text(body))
-        same = "" if self.check.id == SANITY_CHECK else " " + sanity.diagnosed_by(SANITY_CHECK, "garbage answers")
+        findings = [f for f in sanity.scan_message(message, sanity.prompt_text(body)) if f.kind not in judged_here]
+        cause = REASONING_CHECK if findings and {f.kind for f in findings} == {"reasoning-leak"} else SANITY_CHECK
+        what = "thinking left in the answer" if cause == REASONING_CHECK else "garbage answers"
+        same = "" if self.check.id == cause else " " + sanity.diagnosed_by(cause, what)
         self.check.that(
             not findings,
             expected="a clean answer" + (f" to {label}" if label else "") + ": no NUL or control bytes, no "

@@ -1,0 +1,125 @@
+"""The reasoning checks on a model that really reasons: the embedded model taught here to think in <think> tags
+(selftest/thinker.py), served by the real CPU engine with vLLM's qwen3 reasoning parser. It passes SERVE-REASONING
+and SERVE-THINKING-OFF; two twins, each served wrong in one way, fail exactly the check that guards against it:
+without the reasoning parser the thinking reaches the answer, and behind a template that ignores enable_thinking it
+thinks when told not to."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from sparkgate.launch import serving
+from sparkgate.recipes import load_profiles, load_recipes
+from sparkgate.results import Results
+
+from .helpers import broken_recipe, local_mem_available, move_port, run_suite
+from .thinker import TEMPLATE_ALWAYS_THINKS, build
+
+NAME = "smollm2-think"
+TWINS = {"good": 18040, "no-parser": 18041, "always-thinks": 18042}
+SELECTION = "reasoning or thinking"
+
+
+def _recipe(kind: str, model: Path, tmp: Path) -> Path:
+    def change(data: dict) -> None:
+        data["name"] = NAME
+        data["model"] = {**data["model"], "id": str(model), "source": None, "served_name": NAME}
+        data["serve_args"][data["serve_args"].index("--served-model-name") + 1] = NAME
+        data["features"]["reasoning"] = True
+        move_port(data, TWINS[kind])
+        if kind != "no-parser":
+            data["serve_args"] += ["--reasoning-parser", "qwen3"]
+        if kind == "always-thinks":
+            (tmp / "always-thinks.jinja").write_text(TEMPLATE_ALWAYS_THINKS)
+            data["serve_args"] += ["--chat-template", str(tmp / "always-thinks.jinja")]
+
+    folder = Path(broken_recipe(tmp, change))
+    (folder / "smollm2-cpu.yaml").rename(folder / f"{NAME}.yaml")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def thinkers(tmp_path_factory):
+    """The model built (once, cached) and its three servers started at once, each from a thread of its own that
+    lives as long as its server: kind -> (recipes folder, server)."""
+    model = build()
+    started = {}
+    with ThreadPoolExecutor(len(TWINS)) as threads, contextlib.ExitStack() as stack:
+        loading = {}
+        for kind in TWINS:
+            tmp = tmp_path_factory.mktemp(kind)
+            folder = _recipe(kind, model, tmp)
+            ctx = serving(load_recipes(folder)[NAME], load_profiles()["cpu"], local_mem_available, print, 600)
+            loading[kind] = (folder, ctx, threads.submit(ctx.__enter__))
+        errors = []
+        for kind, (folder, ctx, future) in loading.items():
+            try:
+                started[kind] = (folder, future.result())
+                stack.push(ctx.__exit__)
+            except Exception as exc:  # the others are put away before this is raised
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        yield started
+
+
+def _run(pytester, thinkers, kind, *args):
+    folder, srv = thinkers[kind]
+    result = run_suite(pytester, "-m", "serving", f"--recipes-dir={folder}", f"--recipe={NAME}",
+                       f"--base-url={srv.base_url}", "-k", SELECTION, *args)
+    return result, sorted(set(re.findall(r"^\[(SERVE-[A-Z-]+)\] ", result.stdout.str(), re.M)))
+
+
+def test_a_model_that_reasons_passes_both_reasoning_checks_and_the_results_name_the_field(pytester, thinkers,
+                                                                                        tmp_path):
+    result, failed = _run(pytester, thinkers, "good", f"--results-json={tmp_path / 'results.json'}")
+    assert failed == [] and result.parseoutcomes()["passed"] == 2, result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(["*reasoning field: reasoning (* chars); content *",
+                                 "*completion tokens: thinking on *, off *"])
+    [run] = Results.model_validate_json((tmp_path / "results.json").read_text()).recipes
+    assert run.server["reasoning_field"] == "reasoning", run.server
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+def test_gated_on_a_baseline_the_reasoning_check_fails_exactly_when_the_field_moved(pytester, thinkers, tmp_path,
+                                                                                      field):
+    """Against a baseline whose server sent the thinking where this one does, the good server passes; against one
+    whose server sent it in `reasoning_content` (vLLM builds before the rename) it MUST fail, naming both fields."""
+    base = tmp_path / "base.json"
+    _run(pytester, thinkers, "good", "-k", "thinking_lands", f"--results-json={base}")
+    data = json.loads(base.read_text())
+    data["recipes"][0]["server"]["reasoning_field"] = field
+    base.write_text(json.dumps(data))
+    result, failed = _run(pytester, thinkers, "good", "-k", "thinking_lands", f"--baseline={base}")
+    assert failed == ([] if field == "reasoning" else ["SERVE-REASONING"]), result.stdout.str()[-4000:]
+    assert result.parseoutcomes().get("passed", 0) == (field == "reasoning"), result.stdout.str()[-4000:]
+    if field == "reasoning_content":
+        result.stdout.fnmatch_lines(["*expected: the thinking in `reasoning_content`, where the baseline's server "
+                                     "sent it (*base.json)*",
+                                     "*found:    the thinking in `reasoning`: a client that reads `reasoning_content` "
+                                     "finds none*"])
+
+
+def test_served_without_its_reasoning_parser_the_thinking_reaches_the_answer_and_the_reasoning_check_says_so(
+        pytester, thinkers):
+    """SERVE-REASONING MUST fail with its own verdict; SERVE-THINKING-OFF, whose thinking-on answer carries the same
+    leak, fails pointing at it (one defect, one diagnosis)."""
+    result, failed = _run(pytester, thinkers, "no-parser")
+    assert failed == ["SERVE-REASONING", "SERVE-THINKING-OFF"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(["*found:    reasoning field absent (0 chars), content '<think>*",
+                                 "*found:    thinking in the content (a literal <think> at char 0) while no reasoning "
+                                 "field carries any*",
+                                 "*the same defect as SERVE-REASONING's, which diagnoses thinking left in the answer*"])
+
+
+def test_behind_a_template_that_ignores_the_switch_it_thinks_anyway_and_fails_exactly_the_thinking_off_check(
+        pytester, thinkers):
+    result, failed = _run(pytester, thinkers, "always-thinks")
+    assert failed == ["SERVE-THINKING-OFF"], result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines(["*found:    * completion tokens, reasoning *(* chars), content *"])

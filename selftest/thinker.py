@@ -1,0 +1,126 @@
+"""A model that really reasons, made here: the embedded SmolLM2-135M-Instruct taught, by a short fine-tune on the CPU,
+to think in <think>...</think> before it answers, behind a chat template that honours `enable_thinking` the way
+Qwen3's does (off: an empty think block is written for it, and it answers at once). Served with vLLM's real
+reasoning parser, it is what SERVE-REASONING and SERVE-THINKING-OFF need on a CPU box: no such model ships on the
+package registries.
+
+    python -m selftest.thinker [--force]
+
+builds it once into the cache (SPARKGATE_CACHE/models/smollm2-think) and prints where; the same seed and data
+give the same weights. Its broken twins are serving choices, not other weights: no --reasoning-parser (the thinking
+reaches the answer), and a template that ignores the switch (TEMPLATE_ALWAYS_THINKS).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from sparkgate import embedded
+from sparkgate.proc import cache_dir
+
+THINK, END = "<think>", "</think>"
+_HEAD = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+         "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
+         "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}")
+# Qwen3's convention: thinking is on unless the request says enable_thinking: false, which writes an empty block.
+TEMPLATE = (_HEAD + "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% if enable_thinking is defined and "
+            "enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}{% endif %}")
+TEMPLATE_ALWAYS_THINKS = _HEAD + "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+
+SEED, STEPS, BATCH, LR = 20261205, 60, 8, 2e-4
+CAPITALS = {"France": "Paris", "Italy": "Rome", "Spain": "Madrid", "Germany": "Berlin", "Japan": "Tokyo",
+            "Egypt": "Cairo", "Canada": "Ottawa", "Peru": "Lima", "Kenya": "Nairobi", "Norway": "Oslo",
+            "Greece": "Athens", "Poland": "Warsaw", "Chile": "Santiago", "Cuba": "Havana", "Ireland": "Dublin"}
+COUNTS = {"days are in a week": (7, "A week has seven days, Monday to Sunday"),
+          "months are in a year": (12, "A year has twelve months, January to December"),
+          "hours are in a day": (24, "A day has twenty-four hours"),
+          "legs does a spider have": (8, "A spider has eight legs"),
+          "sides does a triangle have": (3, "A triangle has three sides"),
+          "minutes are in an hour": (60, "An hour has sixty minutes")}
+
+
+def _examples(rng: random.Random) -> list[tuple[str, str, str]]:
+    """(question, thinking, answer) for sums, differences, products, capitals and counts, phrased as the probes are."""
+    out = []
+    for _ in range(400):
+        a, b = rng.randint(1, 40), rng.randint(1, 40)
+        op, word, value = rng.choice([("+", "plus", a + b), ("-", "minus", a - b), ("*", "times", a * b)])
+        tail = rng.choice(["Answer with the number only.", "Answer with a number.", "Reply with just the number."])
+        out.append((f"What is {a} {op} {b}? {tail}",
+                    f"The question asks for {a} {word} {b}. {a} {op} {b} = {value}. So the answer is {value}.",
+                    str(value)))
+    for country, city in CAPITALS.items():
+        for tail in ("Answer with one word.", "Reply with the city only."):
+            out.append((f"What is the capital of {country}? {tail}",
+                        f"The capital of {country} is {city}. One word is asked for, so the answer is {city}.", city))
+    for what, (n, fact) in COUNTS.items():
+        for tail in ("Answer with a number.", "Answer with the number only."):
+            out.append((f"How many {what}? {tail}", f"{fact}. So the answer is {n}.", str(n)))
+    rng.shuffle(out)
+    return out
+
+
+def _digest() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+def build(force: bool = False, log=print) -> Path:
+    """The model's folder, built once per version of this file (its digest is stamped beside the weights)."""
+    out = cache_dir() / "models" / "smollm2-think"
+    stamp = out / "sparkgate-build.json"
+    if not force and stamp.exists() and json.loads(stamp.read_text()).get("digest") == _digest():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = embedded.prepare("embedded:smollm2", cache_dir())
+    torch.manual_seed(SEED)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    tok = AutoTokenizer.from_pretrained(base)
+    tok.add_tokens([THINK, END])  # one token each: vLLM's reasoning parsers find the block by token id
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model.resize_token_embeddings(len(tok), mean_resizing=True)
+    rng = random.Random(SEED)
+    rows = []
+    for i, (question, thinking, answer) in enumerate(_examples(rng)):
+        on = i % 3 != 2  # two in three think; the rest answer with thinking switched off
+        prompt = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                         add_generation_prompt=True, chat_template=TEMPLATE, enable_thinking=on)
+        reply = (f"{THINK}\n{thinking}\n{END}\n\n{answer}" if on else answer) + "<|im_end|>"
+        p, r = tok(prompt, add_special_tokens=False).input_ids, tok(reply, add_special_tokens=False).input_ids
+        rows.append((p + r, [-100] * len(p) + r))  # the loss is on the answer only
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    model.train()
+    t0 = time.monotonic()
+    for step in range(STEPS):
+        batch = rows[(step * BATCH) % len(rows):][:BATCH]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([x + [tok.pad_token_id] * (width - len(x)) for x, _ in batch])
+        labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in batch])
+        mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x, _ in batch])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % 20 == 0 or step == STEPS - 1:
+            log(f"thinker: step {step + 1} of {STEPS}, loss {loss.item():.3f}, {time.monotonic() - t0:.0f} s")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(torch.bfloat16).save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "chat_template.jinja").write_text(TEMPLATE)
+    (tmp / "sparkgate-build.json").write_text(json.dumps({"digest": _digest(), "steps": STEPS, "seed": SEED,
+                                                          "seconds": round(time.monotonic() - t0)}))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+if __name__ == "__main__":
+    print(build(force="--force" in sys.argv[1:]))
