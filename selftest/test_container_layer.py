@@ -463,6 +463,35 @@ def test_a_recipe_with_no_startup_budget_is_held_to_twice_its_earlier_start_here
                                      "* s; the longest wait: *"])
 
 
+@pytest.mark.parametrize(("sm_clock", "passes"), [("1455 1980", True), ("700 1980", False)],
+                         ids=["the-h200-under-load", "held-at-700-mhz"])
+def test_a_perf_figure_measured_while_the_sm_clock_was_held_low_fails_exactly_the_clock_floor_check(
+        pytester, tmp_path, dock, good, sm_clock, passes):
+    """The stand-in nvidia-smi states the SM clock the real H200 held under load (1455 of 1980 MHz, recorded in
+    shared/hosts/h200-vm/under-load), or one derived from it at the 700 MHz Spark owners report: a natural-decode
+    figure on the good container (its recipe on the gb10 profile) passes the floor, half of 1980, at the first and
+    MUST fail it at the second, naming the figure."""
+    data = recipe_data()
+    data["profile"] = "gb10"
+    data["floors"] = {"natural_decode": {"figure": 1, "basis": "measured-here", "measured": "a floor any CPU meets",
+                                         "source": "sparkgate's self-tests: this proof judges the clock, not speed"}}
+    dock.host.run(f"echo '{sm_clock}' > /run/sparkgate-testhost/sm-clock", check=True)
+    try:
+        result, failed = dock.run_suite(pytester, tmp_path, data, "-m", "perf or run_end", "-k",
+                                        "natural_single or sm_clock", "--level=quick",
+                                        f"--base-url=http://{dock.host.address}:{PORT}")
+    finally:
+        dock.host.run("rm -f /run/sparkgate-testhost/sm-clock", check=True)
+    out = result.stdout.str()
+    assert failed == ([] if passes else ["HOST-GPU-CLOCK-FLOOR"]), out[-4000:]
+    assert ("PASSED tests/host/test_clocks.py::test_the_sm_clock_held" in out) == passes, out[-4000:]
+    if not passes:
+        result.stdout.fnmatch_lines(["*expected: an SM clock of at least 990 MHz, half the highest SM clock the "
+                                     "driver states (1980 MHz) while each perf figure was measured*",
+                                     "*found:    below it: smollm2-docker [[]PERF-NATURAL[]]: 700 MHz (median of * "
+                                     "reads)*"])
+
+
 def test_a_crash_looping_container_is_removed_within_seconds(pytester, tmp_path, dock):
     data = recipe_data(name="smollm2-crashloop", container="sg-crash", port=18105)
     i = data["serve_args"].index("--max-num-seqs")

@@ -1,6 +1,7 @@
 """The GPU clock counters' reader: what a real NVIDIA driver's `nvidia-smi -q -x` states idle and under load, what
 counts against the box, and what a hostile or partial document becomes."""
 
+import time
 from types import SimpleNamespace
 from xml.sax.saxutils import quoteattr
 
@@ -97,3 +98,16 @@ def test_a_counter_only_the_end_states_is_not_blamed_on_the_run():
     assert not gpuclocks.slowdowns(gpuclocks.GpuClocks(), end).any
     assert str(gpuclocks.slowdowns(gpuclocks.parse(IDLE), gpuclocks.parse(with_counter(LOAD, "hw_power_brake", 40_000)))
                ).startswith("HW power brake slowdown 40 ms")
+
+
+def test_sampled_while_a_figure_is_measured_the_h200_under_load_holds_the_floor_and_idle_clocks_would_not():
+    """The sampler reads the real documents through `run` as it would over ssh; half of 1980 MHz is the floor."""
+    reads = iter([LOAD, LOAD, "not XML", IDLE] + [LOAD] * 100)
+    with gpuclocks.Sampler(lambda _cmd: SimpleNamespace(rc=0, stdout=next(reads), stderr=""), every=0.01) as s:
+        deadline = time.monotonic() + 10
+        while len(s.samples) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert s.samples[:3] == [(1455, 1980), (1455, 1980), (375, 1980)]  # the unreadable read left out
+    assert gpuclocks.below_floor(s.samples[:2], None) == (1455, 990, False)
+    assert gpuclocks.below_floor([(375, 1980)] * 3 + [(1455, 1980)], None) == (375, 990, True)
+    assert gpuclocks.below_floor([(1455, 1980)], 1500) == (1455, 1500, True)  # a profile's own floor

@@ -9,6 +9,8 @@ where a sampled SM clock sees only the moments it was read.
 from __future__ import annotations
 
 import re
+import statistics
+import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -130,3 +132,43 @@ def slowdowns(start: GpuClocks, end: GpuClocks) -> Slowdowns:
                         grown[words] = delta / 1e6
             into[bus] = grown
     return Slowdowns(judged, counted)
+
+
+SAMPLE_S = 2.0  # how often the SM clock is read while a perf figure is measured
+
+
+class Sampler:
+    """The GPUs' SM clocks read every SAMPLE_S seconds, in a thread of its own, while a figure is measured: (current,
+    max) MHz per read of each GPU that states both. A read that fails is left out (a clock not read is not low)."""
+
+    def __init__(self, run: Callable[[str], Any], every: float = SAMPLE_S) -> None:
+        self.run, self.every = run, every
+        self.samples: list[tuple[int, int]] = []
+        self.reads = 0  # reads that listed a GPU, its SM clock stated or not
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sparkgate-clocks", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):  # the first read after one interval: the load has begun
+            try:
+                clocks = read(self.run)
+            except Exception:  # noqa: BLE001 (a dropped ssh read is one sample fewer, never the figure's failure)
+                continue
+            self.reads += bool(clocks.sm_mhz)  # it listed a GPU
+            self.samples += [(now, top) for now, top in clocks.sm_mhz.values() if now and top]
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def below_floor(samples: list[tuple[int, int]], floor_mhz: float | None) -> tuple[float, float, bool]:
+    """(median SM clock, the floor held to, whether the median is below it): the floor given, else half the highest
+    maximum the driver stated."""
+    median = statistics.median(now for now, _ in samples)
+    floor = floor_mhz if floor_mhz is not None else max(top for _, top in samples) / 2
+    return median, floor, median < floor

@@ -211,6 +211,12 @@ def gpu_clocks_at_start(_run: RunSession) -> tuple[GpuClocks, float] | None:
 
 
 @pytest.fixture(scope="session")
+def gpu_clock_samples(_run: RunSession) -> list[tuple[str, list[tuple[int, int]]]]:
+    """The SM clocks sampled while each perf check measured, (recipe [check], [(MHz, max MHz)]), read at run end."""
+    return _run.clock_samples
+
+
+@pytest.fixture(scope="session")
 def target_name(_run: RunSession) -> str:
     """--host as given: `local`, an ssh name or an ssh:// URL."""
     return _run.target

@@ -45,6 +45,9 @@ class Profile(_Strict):
     unified_memory: bool = Field(False, description="the GPU and the OS share one pool (GB10): the page cache is in it")
     memory_bandwidth_gbs: float | None = Field(None, description="decode roofline; null: unknown")
     memory_bandwidth_source: str = Field("", description="where the bandwidth figure is published")
+    sm_clock_floor_mhz: float | None = Field(None, description="the SM clock a perf figure must be measured at, at "
+                                             "least; null: half the maximum the driver states")
+    sm_clock_floor_source: str = Field("", description="where the floor comes from (a measurement of the class)")
     os_reserve_gib: float = Field(description="kept free for the OS and other services at start")
     os_reserve_basis: str = Field(description="why this much: the incidents or measurements it is derived from")
 
@@ -52,6 +55,8 @@ class Profile(_Strict):
     def _sourced(self) -> Profile:
         if self.memory_bandwidth_gbs and not self.memory_bandwidth_source:
             raise ValueError("`memory_bandwidth_gbs` needs `memory_bandwidth_source` (where it is published)")
+        if self.sm_clock_floor_mhz and not self.sm_clock_floor_source:
+            raise ValueError("`sm_clock_floor_mhz` needs `sm_clock_floor_source` (where it was measured)")
         return self
 
 

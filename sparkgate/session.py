@@ -90,6 +90,8 @@ class RunSession:
         self._journal: Journal | None = None
         self.kernel_log_at_start: kernellog.KernelLog | None = None
         self.gpu_clocks_at_start: tuple[gpuclocks.GpuClocks, float] | None = None
+        self.sample_clocks = False  # whether the SM clock is sampled while each perf figure is measured
+        self.clock_samples: list[tuple[str, list[tuple[int, int]]]] = []  # (recipe [check], its samples)
         self.began: float | None = None  # when the run began on the box (time.time()), once it reached it
         self.serving_now: list[ExitStack] = []  # the servers this run started and has not removed yet
         self.started_any = False  # whether it started a server of its own (not --base-url, not in place)
@@ -334,6 +336,7 @@ class RunSession:
             self.kernel_log_at_start = kernellog.read(self.host.run)  # what HOST-KERNEL-LOG counts from
         if "gpu_clocks_at_start" in wanted and facts.gpus:  # what HOST-GPU-CLOCKS counts from
             self.gpu_clocks_at_start = (gpuclocks.read(self.host.run), time.monotonic())
+        self.sample_clocks = "gpu_clock_samples" in wanted and bool(facts.gpus)  # what HOST-GPU-CLOCK-FLOOR judges
         self.began = time.time()
         self.select_for_host()
         chosen = {r.name for r in self.selected}
@@ -426,8 +429,20 @@ class RunSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Any:
         """--baseline: a check whose own verdict passed still fails on a significant regression against the baseline
-        (one failure naming every such figure); a check that failed on its own keeps that failure."""
-        result = yield
+        (one failure naming every such figure); a check that failed on its own keeps that failure. While a perf check
+        measures, the GPU's SM clock is sampled (HOST-GPU-CLOCK-FLOOR judges it after the run)."""
+        check, recipe = Check.of(item), self.recipes.get(recipe_of(item) or "")
+        on_gpu = recipe is not None and self.profiles[recipe.profile].gpu is not None  # not a CPU recipe beside a GPU
+        if self.sample_clocks and on_gpu and check is not None and check.id.startswith("PERF-"):
+            sampler = gpuclocks.Sampler(self.host.run)
+            try:
+                with sampler:
+                    result = yield
+            finally:  # a figure that failed its floor was measured too: its clocks count
+                if sampler.reads:  # none: over before the first read (a check that could not run)
+                    self.clock_samples.append((f"{recipe_of(item)} [{check.id}]", sampler.samples))
+        else:
+            result = yield
         problems = item.stash.get(_REGRESSIONS, [])
         if problems:
             opt, base = item.config.option, self.baseline
