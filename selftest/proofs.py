@@ -3,8 +3,9 @@
 Every run of the suite a self-test starts loads this module as a plugin (SUITE_PLUGINS): with SPARKGATE_PROOF_LOG
 set (the self-tests' session sets it), it appends one line per check that ran, with its outcome and the self-test
 that started the run. The self-tests' session adds a line for each self-test that passed. A check is proven green
-by a passing self-test in which it passed, and red by a passing self-test in which it failed (the self-tests
-assert which checks fail and with what message; a self-test that failed proves nothing).
+by a passing self-test in which it passed, and red by a passing self-test in which it failed with its own verdict
+(the self-tests assert which checks fail and with what message; a crash, or a self-test that failed, proves
+nothing).
 
     python -m selftest.proofs [LOG] [--write docs/PROOFS.md]
 
@@ -45,7 +46,9 @@ def pytest_runtest_makereport(item, call):
     if LOG in os.environ and _OUTER and marker and marker.args:
         failed_setup = report.when == "setup" and not report.passed  # a skip (could not run) or an error
         if report.when == "call" or failed_setup:
-            _append({"by": _OUTER, "check": marker.args[0], "outcome": report.outcome})
+            # A failure is the check's verdict only when its message is (it starts "[ID] "): a crash is no proof.
+            verdict = report.passed or str(report.longrepr).startswith(f"[{marker.args[0]}] ")
+            _append({"by": _OUTER, "check": marker.args[0], "outcome": report.outcome, "verdict": verdict})
     return report
 
 
@@ -74,7 +77,7 @@ def proofs(lines: list[str]) -> dict[str, dict[str, list[str]]]:
     good = {e["selftest"] for e in entries if "selftest" in e and e["outcome"] == "passed"} - bad
     out: dict[str, dict[str, set[str]]] = defaultdict(lambda: {"green": set(), "red": set()})
     for e in entries:
-        if "check" in e and e["by"] in good and e["outcome"] in ("passed", "failed"):
+        if "check" in e and e["by"] in good and e["outcome"] in ("passed", "failed") and e.get("verdict", True):
             out[e["check"]]["green" if e["outcome"] == "passed" else "red"].add(e["by"])
     return {k: {way: sorted(v[way]) for way in v} for k, v in out.items()}
 

@@ -15,6 +15,7 @@ def test_a_check_is_proven_only_by_self_tests_that_passed_and_only_by_what_it_di
         {"by": "t.py::broken", "check": "HOST-ARCH", "outcome": "failed"},
         {"by": "t.py::flaky", "check": "HOST-GPU", "outcome": "failed"},  # its self-test failed: no proof
         {"by": "t.py::good", "check": "HOST-GPU", "outcome": "skipped"},  # could not run: no proof
+        {"by": "t.py::broken", "check": "HOST-GPU", "outcome": "failed", "verdict": False},  # a crash: no proof
         {"selftest": "t.py::good", "outcome": "passed", "when": "call"},
         {"selftest": "t.py::broken", "outcome": "passed", "when": "call"},
         {"selftest": "t.py::flaky", "outcome": "passed", "when": "call"},

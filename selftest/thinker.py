@@ -6,15 +6,17 @@ package registries.
 
     python -m selftest.thinker [--force]
 
-builds it once into the cache (SPARKGATE_CACHE/models/smollm2-think) and prints where; the same seed and data
-give the same weights. Its broken twins are serving choices, not other weights: no --reasoning-parser (the thinking
-reaches the answer), and a template that ignores the switch (TEMPLATE_ALWAYS_THINKS).
+builds it once into the cache (SPARKGATE_CACHE/models/smollm2-think) and prints where; the same seed, data and
+thread count give the same weights on one machine (CPU float sums differ with the thread count). Its broken twins
+are serving choices, not other weights: no --reasoning-parser (the thinking reaches the answer), and a template
+that ignores the switch (TEMPLATE_ALWAYS_THINKS).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import shutil
 import sys
@@ -81,7 +83,6 @@ def build(force: bool = False, log=print) -> Path:
 
     base = embedded.prepare("embedded:smollm2", cache_dir())
     torch.manual_seed(SEED)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     tok = AutoTokenizer.from_pretrained(base)
     tok.add_tokens([THINK, END])  # one token each: vLLM's reasoning parsers find the block by token id
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
@@ -110,15 +111,17 @@ def build(force: bool = False, log=print) -> Path:
         optimizer.zero_grad()
         if step % 20 == 0 or step == STEPS - 1:
             log(f"thinker: step {step + 1} of {STEPS}, loss {loss.item():.3f}, {time.monotonic() - t0:.0f} s")
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     model.to(torch.bfloat16).save_pretrained(tmp)
     tok.save_pretrained(tmp)
     (tmp / "chat_template.jinja").write_text(TEMPLATE)
     (tmp / "sparkgate-build.json").write_text(json.dumps({"digest": _digest(), "steps": STEPS, "seed": SEED,
                                                           "seconds": round(time.monotonic() - t0)}))
-    shutil.rmtree(out, ignore_errors=True)
+    old = out.with_name(f"{out.name}.{os.getpid()}.old")
+    if out.exists():
+        out.rename(old)  # set aside, then replaced in one rename: a reader sees the old model or the new one
     tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
     return out
 
 

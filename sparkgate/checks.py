@@ -31,7 +31,7 @@ class Check:
         doc = (getattr(item, "function", None).__doc__ or "").strip()
         return cls(
             id=marker.args[0],
-            must=doc.splitlines()[0] if doc else "",
+            must=" ".join(doc.split("\n\n")[0].split()),  # the first paragraph, however it is wrapped
             why=marker.kwargs.get("why", ""),
             fix=marker.kwargs.get("fix", ""),
         )

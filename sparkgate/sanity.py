@@ -497,10 +497,20 @@ REASONING_FIELDS = ("reasoning", "reasoning_content")  # this vLLM's name, then 
 THINK_TAGS = ("<think>", "</think>")
 
 
+REASONING_FIX = ("serve with --reasoning-parser matching the model (qwen3 for Qwen3.x): without it the thinking "
+                 "reaches the answer; this vLLM build returns the thinking as `reasoning` (older builds: "
+                 "`reasoning_content`), clients must read that field")
+
+
 def thinking_in_content(content: str) -> str:
-    """The thinking a message's content carries in <think> tags (a server that did not split it off): ""."""
-    m = re.search(r"<think>(.*?)(?:</think>|$)", content, re.S) or re.search(r"^(.*?)</think>", content, re.S)
-    return m.group(1).strip() if m else ""
+    """The thinking a message's content carries in <think> tags, or before a lone </think> (a server that did not
+    split it off); "" where there is none. A tag quoted as code is talked about, not thinking."""
+    prose = _blank(content, _FENCED, _INLINE)
+    opened = re.search(r"<think>(.*?)(?:</think>|$)", prose, re.S)
+    if opened and opened.group(1).strip():
+        return opened.group(1).strip()
+    closed = re.search(r"^(.*?)</think>", prose, re.S)
+    return closed.group(1).strip() if closed else ""
 
 
 def reasoning_of(message: Mapping[str, Any]) -> tuple[str | None, str]:
@@ -526,8 +536,9 @@ def scan_message(message: Mapping[str, Any], prompt: str = "") -> list[Finding]:
             "tool-call-leak", at,
             f"the guide's garbage fingerprint: a literal <tool_call> in content (char {at}) while tool_calls[] "
             f"is empty: {excerpt(content, at)}"))
-    if not reasoning and (tag := next((t for t in THINK_TAGS if t in prose), None)):
-        at = prose.index(tag)
+    tags = sorted((prose.find(t), t) for t in THINK_TAGS if t in prose and t not in prompt)  # asked about: allowed
+    if not reasoning and tags:
+        at, tag = tags[0]
         # One finding: the thinking block, not two leaked tokens (no reasoning parser split it off).
         findings = [f for f in findings
                     if not (f.kind == "special-token" and f.what.split(" (")[0].endswith(THINK_TAGS))]

@@ -161,7 +161,9 @@ class Endpoint:
         the answer), so the others point at it: when it fails too, they fail on the same defect."""
         __tracebackhide__ = True
         findings = [f for f in sanity.scan_message(message, sanity.prompt_text(body)) if f.kind not in judged_here]
-        cause = REASONING_CHECK if findings and {f.kind for f in findings} == {"reasoning-leak"} else SANITY_CHECK
+        leak = bool(findings) and {f.kind for f in findings} == {"reasoning-leak"}  # no reasoning parser, only that
+        recipe = self.server.recipe
+        cause = REASONING_CHECK if leak and recipe is not None and recipe.features.reasoning else SANITY_CHECK
         what = "thinking left in the answer" if cause == REASONING_CHECK else "garbage answers"
         same = "" if self.check.id == cause else " " + sanity.diagnosed_by(cause, what)
         self.check.that(
@@ -170,7 +172,7 @@ class Endpoint:
                      "script the request neither uses nor asks for, no leaked special token, no tokenizer markers, "
                      "no punctuation noise, no degenerate repetition, no salad",
             found=f"{sanity.summary(findings)}\n            answer: {short(message.get('content') or '')}",
-            why=sanity.WHY + same, fix=sanity.FIX)
+            why=sanity.WHY + same, fix=sanity.REASONING_FIX if leak else sanity.FIX)
 
 
 @pytest.fixture

@@ -7,11 +7,9 @@ left on against a small budget, a request can spend it all thinking and return e
 import pytest
 
 from sparkgate.probes import COHERENCE, THINKING_OFF, chat_body
-from sparkgate.sanity import reasoning_of, thinking_in_content
+from sparkgate.sanity import REASONING_FIX, reasoning_of, thinking_in_content
 
 PROBE = COHERENCE[1]
-REASONING_FIX = ("serve with --reasoning-parser matching the model (qwen3 for Qwen3.x); this vLLM build returns "
-                 "the thinking as `reasoning` (older builds: `reasoning_content`), clients must read that field")
 
 
 @pytest.fixture
