@@ -7,6 +7,8 @@ part of the path (`--base-url http://127.0.0.1:PORT/<way>`):
                  validates requests against OpenAI's schema does
     errors-500   an error the engine answers (HTTP 4xx, with its message) reaches the client as a bare HTTP 500, as a
                  proxy that intercepts upstream errors does
+    v1-only      forwards only the OpenAI API (paths under /v1/); anything else, /health included, is a 404, as a
+                 proxy configured for the API alone answers
     cache-drifts a long request (over LONG characters of messages) sent before is answered as if its last message
                  asked something else: a fluent answer to another question, as from a prefix cache that serves the
                  KV blocks of another prompt (short prompts fill few blocks: a cache barely touches them)
@@ -65,6 +67,13 @@ class Handler(BaseHTTPRequestHandler):
         _, way, *rest = self.path.split("/", 2)
         path = "/" + (rest[0] if rest else "")
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        if way == "v1-only" and not path.startswith("/v1/"):
+            self.send_response(404)
+            self.send_header("content-type", "text/plain")
+            self.send_header("content-length", "9")
+            self.end_headers()
+            self.wfile.write(b"not found")
+            return
         if way == "openai-only" and method == "POST" and body:
             try:
                 request = json.loads(body)

@@ -42,6 +42,10 @@ def test_a_good_spark_passes_every_host_check(pytester):
 
 
 VARIANTS = {
+    # another NVIDIA GPU than the profile's (the recorded H200 VM's name and compute capability)
+    "another-gpu": (HostSpec(gpu_name="NVIDIA H200", compute_cap="9.0"), "HOST-GPU",
+                    ["*expected: NVIDIA GB10 (compute capability 12.1)*",
+                     "*found:    NVIDIA H200 (compute capability 9.0)*"]),
     # guide: driver 580 crashes CUDA graph capture on GB10
     "driver-580": (HostSpec(driver_version="580.159.03"), "HOST-DRIVER-MIN",
                    ["*expected: >= 590 (profile gb10)*", "*found:    580.159.03*", "*linux-modules-nvidia-595-open*"]),

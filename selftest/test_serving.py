@@ -126,6 +126,8 @@ GATEWAYS = {
     "errors-500": ({"SERVE-BAD-INPUT", "SERVE-VISION-REJECT"},
                    ['found:    HTTP 500: "<html><body><h1>500 Internal Server Error',
                     "proxy_intercept_errors on", "(the same defect as SERVE-BAD-INPUT's"]),
+    "v1-only": ({"SERVE-HEALTH"}, ["expected: HTTP 200 from GET /health within 30 s",
+                                   "found:    HTTP 404: 'not found'"]),
     "cache-drifts": ({"SERVE-PREFIX-CACHE"}, ["expected: two non-empty answers that agree on their first 40 characters",
                                               "found:    uncached 'The lighthouse door is"]),
 }
@@ -141,10 +143,10 @@ def gateway(embedded_server):
 @pytest.mark.parametrize("way", GATEWAYS)
 def test_a_gateway_wrong_in_one_way_fails_exactly_the_checks_that_guard_against_it(pytester, gateway, way):
     """The real engine behind a gateway that drops vLLM's own request fields, answers the engine's 4xx with a bare
-    500, or answers a long prompt sent again as if it asked something else (fluent, not garbage: what only the
-    comparison with the first answer sees): the serving layer MUST fail exactly the checks that guard against that,
-    saying so, and pass the rest (the long replays, which only read answers, are proven red on the broken models
-    above)."""
+    500, forwards the OpenAI API alone (no /health), or answers a long prompt sent again as if it asked something
+    else (fluent, not garbage: what only the comparison with the first answer sees): the serving layer MUST fail
+    exactly the checks that guard against that, saying so, and pass the rest (the long replays, which only read
+    answers, are proven red on the broken models above)."""
     checks, words = GATEWAYS[way]
     result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu", f"--base-url={gateway}/{way}",
                        "--level=quick", "-k", "not repro")
