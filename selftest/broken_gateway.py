@@ -9,6 +9,8 @@ part of the path (`--base-url http://127.0.0.1:PORT/<way>`):
                  proxy that intercepts upstream errors does
     v1-only      forwards only the OpenAI API (paths under /v1/); anything else, /health included, is a 404, as a
                  proxy configured for the API alone answers
+    buffers      holds each answer until the engine has sent all of it, then passes it on at once: a stream arrives as
+                 one burst, as through a proxy that buffers responses (nginx's proxy_buffering on)
     cache-drifts a long request (over LONG characters of messages) sent before is answered as if its last message
                  asked something else: a fluent answer to another question, as from a prefix cache that serves the
                  KV blocks of another prompt (short prompts fill few blocks: a cache barely touches them)
@@ -101,7 +103,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("content-type", answer.headers.get("content-type", "application/json"))
             self.send_header("connection", "close")  # streamed through as it comes; the end is the close
             self.end_headers()
-            for chunk in answer.iter_bytes():
+            for chunk in [answer.read()] if way == "buffers" else answer.iter_bytes():
                 self.wfile.write(chunk)
                 self.wfile.flush()
         self.close_connection = True

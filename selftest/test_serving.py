@@ -156,6 +156,18 @@ def test_a_gateway_wrong_in_one_way_fails_exactly_the_checks_that_guard_against_
         assert w in out, (w, out[-6000:])
 
 
+def test_behind_a_gateway_that_buffers_each_answer_the_client_times_every_token_at_once_and_fails_the_itl_check(
+        pytester, gateway):
+    """A stream that arrives as one burst: the client's inter-token latency MUST disagree with the server's own, and
+    PERF-SERVER-ITL fail on it, while the token counts still agree (PERF-SERVER-TOKENS passes)."""
+    result = run_suite(pytester, "-m", "perf", "--recipe=smollm2-cpu", f"--base-url={gateway}/buffers",
+                       "--level=quick", "-k", "inter_token_latency_agrees or token_counter_agrees")
+    out = result.stdout.str()
+    assert re.findall(r"^\[(PERF-[A-Z-]+)\] ", out, re.M) == ["PERF-SERVER-ITL"], out[-4000:]
+    assert "PASSED tests/perf/test_server_counts.py::test_the_servers_token_counter_agrees" in out, out[-4000:]
+    result.stdout.fnmatch_lines(["*expected: client within 25% of the server's * ms*", "*found:    client * ms*"])
+
+
 # ---- the recording guard ---------------------------------------------------------------------------------
 
 # Prompts the real model answers cleanly (selftest/garbage/corpus.jsonl: it loops on some others, rightly flagged).
