@@ -22,7 +22,7 @@ from .launch.docker_engine import DockerEngine
 from .levels import DEFAULT, LEVELS, Level
 from .progress import Steps
 from .recipes import RECIPES_DIR, Profile, Recipe
-from .redact import mask
+from .redact import mask, printable
 from .reporting import Reporting
 from .results import ResultsFile
 from .session import RunSession, layer
@@ -361,11 +361,13 @@ def results(_run: RunSession) -> ResultsFile:
 @pytest.fixture
 def server_fact(_run: RunSession, recipe: Recipe) -> Any:
     """server_fact(key, value): keep a fact a check learned of the recipe's server in the results file, and return
-    what the --baseline's run of the same recipe said of it (None: no baseline, or it said nothing)."""
+    what the --baseline's run of the same recipe said of it (None: no baseline, or it said nothing), as printable
+    text: the baseline is a file someone else may have written."""
     def keep(key: str, value: str) -> str | None:
         _run.results.note(recipe.name, key, value)
         before = next((r for r in _run.baseline.recipes if r.recipe == recipe.name), None) if _run.baseline else None
-        return None if before is None else before.server.get(key)
+        said = None if before is None else before.server.get(key)
+        return None if said is None else printable(said, 80)
     return keep
 
 
