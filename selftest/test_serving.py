@@ -44,7 +44,7 @@ PORTS = {"random": 18001, "damaged": 18003}  # the clean model is the session's 
 READS_ANSWERS = ["SERVE-CHAT", "SERVE-STREAM", "SERVE-COHERENCE", "SERVE-OPENAI-SDK", "SERVE-SANITY",
                  "SERVE-PREFIX-CACHE", "SERVE-CONCURRENT", "SERVE-REPRO", "SERVE-REPRO-AGENT", "SERVE-JSON-SCHEMA",
                  "SERVE-CONSTRAINT", "SERVE-TOOLS-AUTO", "SERVE-TOOLS-NAMED", "SERVE-TOOLS-REQUIRED",
-                 "SERVE-TOOLS-STREAM", "SERVE-TOOLS-ROUNDTRIP"]
+                 "SERVE-TOOLS-STREAM", "SERVE-TOOLS-ROUNDTRIP", "QUAL-ANSWERS"]
 DIAGNOSING = ("SERVE-SANITY", "SERVE-COHERENCE")  # the checks whose job the cause is; the others name them
 JUDGED_ON_THEIR_OWN = ["test_the_served_name_is_listed", "test_the_health_endpoint_answers",
                        "test_bad_input_gets_a_4xx_with_a_message", "test_a_text_only_model_refuses_an_image_with_a_4xx"]
@@ -87,7 +87,7 @@ def servers(tmp_path_factory, embedded_server):
 
 
 def failed_checks(result) -> list[str]:
-    return sorted(set(re.findall(r"^\[(SERVE-[A-Z-]+)\] ", result.stdout.str(), re.M)))
+    return sorted(set(re.findall(r"^\[((?:SERVE|QUAL)-[A-Z-]+)\] ", result.stdout.str(), re.M)))
 
 
 # The replays' long prompts cost two minutes a model on a CPU: their red is proven once, on the damaged model.
@@ -110,7 +110,7 @@ def test_a_broken_model_fails_every_check_that_reads_an_answer_and_nothing_else(
     assert set(JUDGED_ON_THEIR_OWN) <= passed, (passed, out[-3000:])
     # One defect, one failure: every other answer-reading check names the one that diagnoses its cause.
     for check_id in set(expected) - set(DIAGNOSING):
-        message = re.search(rf"^\[{check_id}\] .*?(?=^\[SERVE-|^_{{3,}}|^=+ |\Z)", out, re.M | re.S).group()
+        message = re.search(rf"^\[{check_id}\] .*?(?=^\[(?:SERVE|QUAL)-|^_{{3,}}|^=+ |\Z)", out, re.M | re.S).group()
         assert any(f"the same defect as {d}'s" in message for d in DIAGNOSING), (check_id, message[:3000])
     if kind == "damaged":  # Latin-script salad: found by its words, not by a foreign script
         assert "token salad:" in out, out[-4000:]

@@ -17,6 +17,10 @@ more could ever flag a rate.
 
 Figures are matched by recipe, check and name; a pair whose shape or method differs is not comparable, and the
 comparison is refused with the reason rather than judged.
+
+Answers (schema 3) are compared beside the figures, probe by probe (sparkgate.quality): worse is McNemar's exact test
+on the paired outcomes at p < ALPHA; how far the answers moved is shown beside the baseline's own rerun noise, not
+judged.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from . import quality
 from .measure import Figure
-from .results import Measurement, Results
+from .results import Answer, Measurement, Results
 
 TOLERANCE_PCT = 5.0
 ALPHA = 0.01
@@ -65,8 +70,29 @@ class FigureComparison:
 
 
 @dataclass
+class AnswersComparison:
+    """One recipe's quality probes, before and after."""
+
+    recipe: str
+    flips: quality.Flips
+    moved: quality.Movement | None  # how far the answers moved from the baseline's
+    noise: quality.Movement | None  # how far the baseline's own rerun moved (the engine's noise)
+    lost: list[str]  # probe: before -> after, right to wrong
+
+    @property
+    def worse(self) -> bool:
+        return self.flips.significantly_worse
+
+    def describe(self) -> str:
+        moved = f"; moved: {self.moved.describe()}" if self.moved else ""
+        noise = f" (the baseline's own rerun: {self.noise.describe()})" if self.noise else ""
+        return f"{self.recipe} [QUAL-ANSWERS] {self.flips.describe()}{moved}{noise}"
+
+
+@dataclass
 class Comparison:
     figures: list[FigureComparison] = field(default_factory=list)
+    answers: list[AnswersComparison] = field(default_factory=list)
     new_failures: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # in the baseline, absent from the candidate
 
@@ -75,10 +101,14 @@ class Comparison:
         return [f for f in self.figures if f.regressed]
 
     @property
+    def worse_answers(self) -> list[AnswersComparison]:
+        return [a for a in self.answers if a.worse]
+
+    @property
     def regressed(self) -> bool:
-        """A figure significantly worse, a check newly failing, or a figure the candidate did not measure (what it
-        left out is not what it passed)."""
-        return bool(self.regressions or self.new_failures or self.missing)
+        """A figure significantly worse, answers significantly worse, a check newly failing, or a figure or answers
+        the candidate did not measure (what it left out is not what it passed)."""
+        return bool(self.regressions or self.worse_answers or self.new_failures or self.missing)
 
 
 def p_worse(base: list[float], cand: list[float], higher_is_better: bool) -> float | None:
@@ -150,6 +180,17 @@ def compare(base: Results, cand: Results, tolerance_pct: float = TOLERANCE_PCT, 
                               f"{c.method!r} ({c.unit})")
         else:
             out.figures.append(compare_figure(b, c, tolerance_pct, alpha))
+    for recipe, before in first_answers(base.answers).items():
+        after = first_answers(cand.answers).get(recipe)
+        if not after:
+            out.missing.append(f"{recipe} [QUAL-ANSWERS] answers")
+            continue
+        differ = sorted(p for p in set(before) & set(after) if before[p].prompt_digest != after[p].prompt_digest)
+        if differ:
+            mismatched.append(f"{recipe} [QUAL-ANSWERS] probes {', '.join(differ[:5])}: asked differently (another "
+                              "version of the probe set)")
+            continue
+        out.answers.append(compare_answers(recipe, before, after, [a for a in base.answers if a.recipe == recipe]))
     if mismatched:
         raise NotComparable("these figures were measured differently, so their numbers do not compare:\n  "
                             + "\n  ".join(mismatched))
@@ -159,19 +200,60 @@ def compare(base: Results, cand: Results, tolerance_pct: float = TOLERANCE_PCT, 
     return out
 
 
+def first_answers(answers: list[Answer]) -> dict[str, dict[str, Answer]]:
+    """Each recipe's first answer to each probe (the reruns are the noise, not the outcome)."""
+    out: dict[str, dict[str, Answer]] = {}
+    for a in answers:
+        if not a.rerun:
+            out.setdefault(a.recipe, {}).setdefault(a.probe, a)
+    return out
+
+
+def _steps(a: Answer) -> list[quality.Step]:
+    return [(s.text, s.logprob, s.top) for s in a.steps]
+
+
+def rerun_noise(answers: list[Answer]) -> quality.Movement | None:
+    """How far one run's reruns moved from its first answers to the same probes: the engine's own noise."""
+    first = {a.probe: _steps(a) for a in answers if not a.rerun}
+    again = {a.probe: _steps(a) for a in answers if a.rerun and a.probe in first}
+    return quality.movement(first, again) if again else None
+
+
+def compare_answers(recipe: str, before: dict[str, Answer], after: dict[str, Answer],
+                    base_all: list[Answer] | None = None) -> AnswersComparison:
+    """Paired outcomes (McNemar), how far the answers moved, and the baseline's own rerun noise (of `base_all`,
+    the baseline's answers with its reruns)."""
+    flips = quality.flips({p: a.right for p, a in before.items()}, {p: a.right for p, a in after.items()})
+    moved = quality.movement({p: _steps(a) for p, a in before.items()}, {p: _steps(a) for p, a in after.items()})
+    noise = rerun_noise(base_all or [])
+    lost = [f"{p}: {before[p].text[:40]!r} -> {after[p].text[:40]!r}" for p in sorted(set(before) & set(after))
+            if before[p].right and not after[p].right]
+    return AnswersComparison(recipe, flips, moved, noise, lost)
+
+
 def report(comparison: Comparison, tolerance_pct: float = TOLERANCE_PCT, alpha: float = ALPHA) -> str:
     """The comparison as a person reads it: the verdict first, then every figure side by side."""
     lines = []
     if comparison.regressed:
         lines.append(f"REGRESSED: {len(comparison.regressions)} figure(s) slower by more than {tolerance_pct:g}% "
-                     f"beyond the noise (Welch's t-test, p < {alpha:g}), {len(comparison.new_failures)} check(s) "
-                     f"newly failing, {len(comparison.missing)} figure(s) of the baseline not measured")
+                     f"beyond the noise (Welch's t-test, p < {alpha:g}), {len(comparison.worse_answers)} recipe(s) "
+                     f"answering worse (McNemar's exact test, p < {quality.ALPHA:g}), "
+                     f"{len(comparison.new_failures)} check(s) newly failing, {len(comparison.missing)} figure(s) of "
+                     "the baseline not measured")
         lines += [f"  {f.describe()}" for f in comparison.regressions]
+        for a in comparison.worse_answers:
+            lines.append(f"  answers worse: {a.describe()}")
+            lines += [f"    right to wrong: {lost}" for lost in a.lost[:10]]
         lines += [f"  newly failing: {f}" for f in comparison.new_failures]
         lines += [f"  not measured: {m}" for m in comparison.missing]
     else:
         lines.append(f"no regression: no figure slower by more than {tolerance_pct:g}% beyond the noise "
-                     f"(p < {alpha:g}), no check newly failing")
+                     f"(p < {alpha:g}), no answers significantly worse, no check newly failing")
+    if comparison.answers:
+        lines.append("")
+        lines.append("answers (quality probes, paired):")
+        lines += [f"  {a.describe()}: {'WORSE' if a.worse else 'not significantly worse'}" for a in comparison.answers]
     lines.append("")
     lines.append(f"{'figure':70} {'baseline':>22} {'candidate':>22} {'change':>8} {'p':>8}  verdict")
     for f in comparison.figures:

@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MIN_OUTPUT = 64  # tokens: enough steps of decode for a rate with a spread; the detector judges 80 (serving layer)
+# Quality probes (QUAL-ANSWERS): McNemar's exact test flags k right-to-wrong flips and none the other way at p < 0.01
+# from k = 7. Quick's 3 of each family sees gross damage only; standard's sees a loss of a few points of accuracy.
+QUICK_PROBES = 27
+STANDARD_PROBES = 135
 LONG_SHAPE_CHECKS = ("PERF-LONG-DECODE", "PERF-LONG-PREFILL", "PERF-SUSTAINED")
 
 
@@ -27,6 +31,7 @@ class Level:
     counted_requests: int  # PERF-SERVER-*: requests timed against /metrics
     capacity_past_max_seqs: bool  # PERF-CAPACITY: one doubling past --max-num-seqs (requests queue: TTFT shows it)
     long_shapes: bool  # PERF-LONG-*, PERF-SUSTAINED: a ~30K-token prompt, sustained load
+    quality_probes: int = 0  # QUAL-ANSWERS: the first N of the probe set (sparkgate.quality); 0: all of them
     weights_gib: float = 0  # HOST-WEIGHTS-WHOLE: hash the smallest files of the cached model up to this; 0: every file
 
     def runs(self, check: str) -> bool:
@@ -47,12 +52,14 @@ LEVELS = {
     "quick": Level("quick", "every layer; the fewest repetitions a verdict needs, a quarter of the output lengths; "
                             "no long shapes; the cached weights sampled (4 GiB of them hashed)",
                    output_share=0.25, natural_requests=2, forced_rounds=3, single_rounds=3, batch_rounds=3,
-                   counted_requests=2, capacity_past_max_seqs=False, long_shapes=False, weights_gib=4),
+                   counted_requests=2, capacity_past_max_seqs=False, long_shapes=False, quality_probes=QUICK_PROBES,
+                   weights_gib=4),
     # The gate's level, for regressions smaller than twice as slow: PERF-CONCURRENT's 5 bursts at c > 1 are the fewest
     # that flagged a 63% drop at 4 concurrent on the project's CI VM (3 bursts: p = 0.018, not flagged).
     "standard": Level("standard", "every layer, the repetitions the upgrade gate's statistic needs; no long shapes",
                       output_share=1.0, natural_requests=4, forced_rounds=5, single_rounds=3, batch_rounds=5,
-                      counted_requests=3, capacity_past_max_seqs=False, long_shapes=False),
+                      counted_requests=3, capacity_past_max_seqs=False, long_shapes=False,
+                      quality_probes=STANDARD_PROBES),
     "extended": Level("extended", "standard, plus the long shapes (a ~30K-token prompt, sustained load) and the "
                                   "capacity sweep one doubling past --max-num-seqs",
                       output_share=1.0, natural_requests=4, forced_rounds=5, single_rounds=3, batch_rounds=5,

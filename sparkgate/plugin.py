@@ -24,7 +24,7 @@ from .progress import Steps
 from .recipes import RECIPES_DIR, Profile, Recipe
 from .redact import mask, printable
 from .reporting import Reporting
-from .results import ResultsFile
+from .results import Answer, ResultsFile
 from .session import RunSession, layer
 from .shipped import LAYERS
 
@@ -369,6 +369,14 @@ def server_fact(_run: RunSession, recipe: Recipe) -> Any:
         said = None if before is None else before.server.get(key)
         return None if said is None else printable(said, 80)
     return keep
+
+
+@pytest.fixture
+def baseline_answers(_run: RunSession, recipe: Recipe) -> list[Answer] | None:
+    """The --baseline's quality answers of this recipe (empty: it has none); None without --baseline."""
+    if _run.baseline is None:
+        return None
+    return [a for a in _run.baseline.answers if a.recipe == recipe.name]
 
 
 @pytest.fixture

@@ -174,6 +174,14 @@ class StartupBudget(_Strict):
     source: str = Field(description="the runs that measured them")
 
 
+class QualityFloor(_Strict):
+    """The least share of the quality probes (sparkgate.quality) a recipe answers right, with where it comes from."""
+
+    min_right: float = Field(gt=0, le=1, description="the least share of the probes answered right (0-1)")
+    measured: str = Field(description="the share it was set from: right of n, at which level, on what")
+    source: str = Field(description="the run that measured it")
+
+
 class Recipe(_Strict):
     # A name becomes a test id, a file name and a journal field: letters, digits, '.', '_' and '-' only.
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
@@ -215,6 +223,8 @@ class Recipe(_Strict):
     features: Features = Features()
     floors: dict[str, Floor] = {}
     startup: StartupBudget | None = Field(None, description="the longest a start may take (CONT-STARTUP-TIME)")
+    quality: QualityFloor | None = Field(None, description="the least share of quality probes answered right "
+                                         "(QUAL-ANSWERS)")
     source_file: Path | None = Field(None, exclude=True)
 
     @model_validator(mode="after")

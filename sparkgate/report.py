@@ -14,9 +14,10 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from .compare import compare_answers, first_answers
 from .measure import Figure
 from .redact import mask, md_text
-from .results import CheckResult, Measurement
+from .results import Answer, CheckResult, Measurement
 
 
 def _esc(text: str) -> str:
@@ -177,6 +178,28 @@ def plots(measured: list[Measurement]) -> dict[str, str]:
 
 # ---- the summary ---------------------------------------------------------------------------------------
 
+ANSWER_COLUMNS = ["recipe", "right", "by family", "against the baseline", "wrong (first 3)"]
+
+
+def answer_rows(answers: list[Answer], baseline: list[Answer] | None = None) -> list[list[str]]:
+    """One row per recipe of the quality probes' answers: how many right, by family, and (with a baseline) the
+    paired verdict of sparkgate.compare."""
+    now, before = first_answers(answers), first_answers(baseline or [])
+    rows = []
+    for recipe, first in now.items():
+        families: dict[str, list[bool]] = {}
+        for a in first.values():
+            families.setdefault(a.probe.rsplit("-", 1)[0], []).append(a.right)
+        gate = "no baseline"
+        if recipe in before:
+            c = compare_answers(recipe, before[recipe], first, [a for a in baseline or [] if a.recipe == recipe])
+            gate = ("WORSE: " if c.worse else "not significantly worse: ") + c.flips.describe()
+        wrong = [f"{a.probe}: {a.text[:40]!r}" for a in first.values() if not a.right][:3]
+        rows.append([recipe, f"{sum(a.right for a in first.values())}/{len(first)}",
+                     ", ".join(f"{f} {sum(v)}/{len(v)}" for f, v in families.items()), gate, "; ".join(wrong)])
+    return rows
+
+
 def _table(columns: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{_esc(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows)
@@ -191,7 +214,7 @@ padding:3px 6px;text-align:left}.sparkgate-table th{background:#eee}.sparkgate-c
 </style>"""
 
 
-def summary_html(outcomes: list[CheckResult], measured: list[Measurement]) -> str:
+def summary_html(outcomes: list[CheckResult], measured: list[Measurement], answers: list[list[str]] = ()) -> str:
     """The section that opens the report."""
     counts = {k: sum(1 for o in outcomes if o.outcome == k) for k in ("passed", "failed", "skipped")}
     parts = [STYLE, '<div class="sparkgate-summary" id="sparkgate-summary">',
@@ -216,6 +239,9 @@ def summary_html(outcomes: list[CheckResult], measured: list[Measurement]) -> st
             parts.append('<h2>Plots</h2><div class="sparkgate-plots">' + "".join(
                 f'<img alt="{_esc(t)}" title="{_esc(t)}" src="data:image/png;base64,{b}">'
                 for t, b in images.items()) + "</div>")
+    if answers:
+        parts.append('<h2 id="sparkgate-answers">Answers (quality probes)</h2>')
+        parts.append(_table(ANSWER_COLUMNS, [list(r) for r in answers]))
     skips = skips_by_reason(outcomes)
     if skips:
         parts.append('<details id="sparkgate-skips"><summary><b>Could not run</b> '
@@ -226,7 +252,8 @@ def summary_html(outcomes: list[CheckResult], measured: list[Measurement]) -> st
     return "".join(parts)
 
 
-def summary_markdown(outcomes: list[CheckResult], measured: list[Measurement], env: dict[str, str]) -> str:
+def summary_markdown(outcomes: list[CheckResult], measured: list[Measurement], env: dict[str, str],
+                     answers: list[list[str]] = ()) -> str:
     """The same, short enough to paste into an issue."""
     counts = {k: sum(1 for o in outcomes if o.outcome == k) for k in ("passed", "failed", "skipped")}
     lines = [f"## sparkgate: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} could not run",
@@ -243,6 +270,11 @@ def summary_markdown(outcomes: list[CheckResult], measured: list[Measurement], e
         lines += ["### Figures", "", "| " + " | ".join(FIGURE_COLUMNS) + " |",
                   "|" + " --- |" * len(FIGURE_COLUMNS)]
         lines += ["| " + " | ".join(md_text(c) for c in _fmt(m)) + " |" for m in measured]
+        lines.append("")
+    if answers:
+        lines += ["### Answers (quality probes)", "", "| " + " | ".join(ANSWER_COLUMNS) + " |",
+                  "|" + " --- |" * len(ANSWER_COLUMNS)]
+        lines += ["| " + " | ".join(md_text(c) for c in r) + " |" for r in answers]
         lines.append("")
     lines += ["### Environment", ""] + [f"- {md_text(k)}: {md_text(str(v))}" for k, v in env.items()] + [""]
     skips = skips_by_reason(outcomes)

@@ -13,7 +13,7 @@ import pytest
 
 from .checks import Check
 from .redact import mask
-from .report import summary_html, summary_markdown
+from .report import answer_rows, summary_html, summary_markdown
 from .results import CheckResult
 from .session import RunSession, layer
 from .shipped import LAYERS
@@ -63,7 +63,8 @@ class Reporting:
                                     session: pytest.Session) -> None:
         """The report opens on the run's summary: figures, failures by cause, plots, skips by reason."""
         if self.run is not None and self.run.outcomes:
-            prefix.append(summary_html(self.run.outcomes, self.run.measured))  # masked inside, before escaping
+            # masked inside, before escaping
+            prefix.append(summary_html(self.run.outcomes, self.run.measured, self._answers()))
             prefix.append(f'<p id="sparkgate-ran">{html.escape(mask(self.ran()))}</p>')
 
     def pytest_html_results_table_html(self, report: pytest.TestReport, data: list[str]) -> None:
@@ -91,7 +92,12 @@ class Reporting:
             meta.update({k: html.escape(v) for k, v in masked.items()})
         if path := self.config.option.sg_summary_md:
             env = {**{k: str(v) for k, v in (meta or {}).items() if k not in masked}, **masked}
-            Path(path).write_text(mask(summary_markdown(self.run.outcomes, self.run.measured, env)))
+            Path(path).write_text(mask(summary_markdown(self.run.outcomes, self.run.measured, env, self._answers())))
+
+    def _answers(self) -> list[list[str]]:
+        assert self.run is not None
+        base = self.run.baseline
+        return answer_rows(self.run.results.data.answers, base.answers if base is not None else None)
 
     def _metadata(self) -> dict[str, Any] | None:
         try:

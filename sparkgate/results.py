@@ -1,10 +1,12 @@
 """The results file (--results-json): what a run measured and found, with what it takes to compare two runs or two
 boxes, written as the run goes so a crash keeps what was measured.
 
-Schema version 2 (docs/results.schema.json, `sparkgate results-schema`): the suite's version and commit, who ran it,
+Schema version 3 (docs/results.schema.json, `sparkgate results-schema`): the suite's version and commit, who ran it,
 a system block, every recipe as it served (a digest of what changes the serving apart from the recipe file's),
-every check's outcome with the floor it was held to, and every figure with n, mean, std, p50/p90/p99, raw values,
-a typed shape and its method. Every string goes through the masking formatter (and --redact's placeholders).
+every check's outcome with the floor it was held to, every figure with n, mean, std, p50/p90/p99, raw values,
+a typed shape and its method, and (since version 3) every quality probe's answer, right or wrong, with its generated
+tokens' top-k log-probabilities. Files of versions 1 and 2 are still read (they have no answers). Every string goes
+through the masking formatter (and --redact's placeholders).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .recipes import FLOOR_CHECKS, Recipe
 from .redact import mask_json
 from .units import GIB
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 METHODS = (METHOD, METHOD_TOKENIZER)  # the measurement methods this version of the suite writes and reads
 
 
@@ -95,6 +97,27 @@ class Measurement(Figure):
     floor_name: str | None = Field(None, description="which of the recipe's floors (natural_decode, ...)")
 
 
+class Step(BaseModel):
+    """One generated token of an answer (keys avoid the word the masking formatter hides)."""
+
+    text: str
+    logprob: float
+    top: list[tuple[str, float]] = Field([], description="the top-k next-token candidates and their log-probabilities")
+
+
+class Answer(BaseModel):
+    """One quality probe's answer (sparkgate.quality): what the gate pairs, probe by probe, with the baseline's."""
+
+    recipe: str
+    check: str
+    probe: str = Field(description="the probe's stable id (family-number)")
+    prompt_digest: str = Field(description="hash of the prompt: a probe of the same id asked differently does not pair")
+    right: bool
+    text: str = Field(description="the answer's content, at most 400 characters")
+    rerun: bool = Field(False, description="the same run's second answer to the probe: the engine's own rerun noise")
+    steps: list[Step] = []
+
+
 class Downtime(BaseModel):
     """What a --take-over run set aside (production) and how long it was down: from its stop to serving again."""
 
@@ -122,6 +145,7 @@ class Results(BaseModel):
     checks: list[CheckResult] = []
     measurements: list[Measurement] = []
     downtime: list[Downtime] = Field([], description="production set aside by --take-over, and its time down")
+    answers: list[Answer] = Field([], description="the quality probes' answers (schema 3)")
 
     @property
     def measured_level(self) -> str:
@@ -228,6 +252,10 @@ class ResultsFile:
         result.floors = {m.floor_name: m.floor for m in self.data.measurements
                          if m.test == result.test and m.floor_name and m.floor is not None}
         self.data.checks = [c for c in self.data.checks if c.test != result.test] + [result]
+        self._write()
+
+    def add_answers(self, answers: list[Answer]) -> None:
+        self.data.answers += answers
         self._write()
 
     def add_downtime(self, downtime: Downtime) -> None:

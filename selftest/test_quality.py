@@ -1,0 +1,222 @@
+"""QUAL-ANSWERS and the quality gate, both ways: the probes' own judges, the paired statistics against scipy's, and on
+the real engine a second run of the same model (green), and the same model with its weights damaged until it answers
+the probes wrongly in answers the garbage detector passes (red: the recipe's floor, the baseline gate, `sparkgate
+compare`).
+
+The damaged model is the garbage corpus's mechanism (Gaussian noise, a share of each weight matrix's own standard
+deviation). The damage at which the gate turns red against the damage at which the detector does, at the standard
+level, is measured apart (python -m selftest.quality_gate, README).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkgate import embedded, quality
+from sparkgate.compare import compare, report
+from sparkgate.launch import serving
+from sparkgate.proc import cache_dir
+from sparkgate.recipes import load_profiles, load_recipes
+from sparkgate.results import load
+
+from .garbage.corpus import perturbed
+from .helpers import ROOT, SUITE_PLUGINS, TESTS, broken_recipe, local_mem_available, move_port, run_suite
+
+# Noise at a tenth of each matrix's std: 17 of the quick level's 27 probes right before, 5 after, none of the 27
+# answers garbage to the detector (it flags some answers to other prompts: selftest/quality_gate.py measures how many).
+DAMAGE = 0.1
+DAMAGED_PORT = 18062
+CHECKS = "probes_are_answered"  # QUAL-ANSWERS
+
+
+# ---- the probes and the statistics, without a server -------------------------------------------------------
+
+def test_every_probe_accepts_its_own_expected_answer_and_refuses_another():
+    probes = quality.probe_set()
+    assert len({p.id for p in probes}) == len(probes) >= 300
+    for p in probes:
+        assert p.right(p.expected), p
+        assert p.right(f"Sure! The answer is: {p.expected}."), p
+        assert not p.right("I do not know."), p
+        assert not p.right("Sorry, that is something I cannot say."), p
+
+
+def test_each_level_asks_a_prefix_of_one_fixed_order_spread_over_every_family():
+    """A larger level only adds probes, so a quick run's answers are a standard run's first answers."""
+    whole = quality.probe_set()
+    assert [p.id for p in quality.probe_set(27)] == [p.id for p in whole[:27]]
+    assert {p.family for p in quality.probe_set(27)} == {p.family for p in whole}
+    assert [p.prompt for p in quality.probe_set()] == [p.prompt for p in whole]  # seeded: the same every call
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs=st.lists(st.tuples(st.booleans(), st.booleans()), max_size=60))
+def test_the_flip_test_is_mcnemars_exact_test_as_scipy_computes_it(pairs):
+    from scipy.stats import binomtest
+
+    before = {f"p{i}": b for i, (b, _) in enumerate(pairs)}
+    after = {f"p{i}": a for i, (_, a) in enumerate(pairs)}
+    f = quality.flips(before, after)
+    n = f.worse + f.better
+    expected = binomtest(f.worse, n, 0.5, alternative="greater").pvalue if n else 1.0
+    assert math.isclose(f.p_value, expected, rel_tol=1e-9), (f, expected)
+    assert f.worse == sum(b and not a for b, a in pairs) and f.better == sum(a and not b for b, a in pairs)
+
+
+def test_seven_flips_one_way_and_none_back_are_worse_and_six_are_not():
+    """The level sizes rest on it (sparkgate.levels): 7 right-to-wrong flips alone are significant at p < 0.01."""
+    def verdict(worse):
+        return quality.flips({f"p{i}": True for i in range(20)},
+                             {f"p{i}": i >= worse for i in range(20)}).significantly_worse
+    assert verdict(7) and not verdict(6)
+
+
+def _steps(tokens, rng):
+    out = []
+    for t in tokens:
+        top = sorted([(t, -0.1)] + [(f"alt{j}", -rng.uniform(2, 9)) for j in range(4)], key=lambda x: -x[1])
+        out.append((t, -0.1, top))
+    return out
+
+
+def test_identical_answers_have_not_moved_and_a_changed_one_shows_where_it_parted():
+    rng = random.Random(1)
+    a = {"p": _steps(["The", " answer", " is", " 5"], rng)}
+    same = quality.movement(a, a)
+    assert (same.identical, same.first_divergence, same.top1_agreement, same.mean_kl) == (1, None, 1.0, 0.0)
+    b = {"p": a["p"][:2] + _steps([" was", " 6"], rng)}
+    moved = quality.movement(a, b)
+    assert moved.identical == 0 and moved.first_divergence == 2
+    # The common prefix agrees; where they part, each run's own greedy choice leads its distribution.
+    assert moved.top1_agreement == pytest.approx(2 / 3)
+    shifted = {"p": [(t, lp, [(x, v - (3 if x == t else 0)) for x, v in top]) for t, lp, top in a["p"]]}
+    assert quality.movement(a, shifted).mean_kl > 0.5 and quality.movement(a, shifted).top1_agreement < 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text())
+def test_the_json_judge_reads_any_text_without_raising(text):
+    probe = next(p for p in quality.probe_set() if p.family == "extraction")
+    assert probe.right(text) in (True, False)
+    assert probe.right(text + " " + probe.expected)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                        st.sampled_from(["logprobs", "content", "token", "logprob", "top_logprobs", "x"]), inner,
+                        max_size=4), max_leaves=20)
+
+
+@settings(max_examples=500, deadline=None)
+@given(choice=st.dictionaries(st.sampled_from(["logprobs", "message"]), JSON, max_size=2))
+def test_any_logprobs_a_server_returns_are_read_without_raising_and_kept_only_when_well_formed(choice):
+    for text, logprob, top in quality.steps_of(choice):
+        assert isinstance(text, str) and -9999 <= logprob <= 0 and len(top) <= quality.TOP_K
+        assert all(isinstance(t, str) and -9999 <= v <= 0 for t, v in top)
+
+
+def test_a_results_file_of_schema_2_still_reads_and_has_no_answers(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"schema_version": 2, "suite": {"version": "0.1", "commit": "x"},
+                               "started": "2026-12-01T00:00:00+00:00"}))
+    assert load(old).answers == []
+
+
+# ---- on the real engine -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory):
+    """The embedded model with DAMAGE noise in every weight matrix, served on a port of its own: (recipes folder with
+    the floor, recipes folder without it, server)."""
+    tmp = tmp_path_factory.mktemp("damaged")
+
+    def change(data):
+        move_port(data, DAMAGED_PORT)
+        perturbed(lambda name: True, DAMAGE)(embedded.prepare("embedded:smollm2", cache_dir()), tmp / "weights")
+        data["model"] = {**data["model"], "id": str(tmp / "weights"), "source": None}
+    with_floor = broken_recipe(tmp, change)
+    data = (tmp / "recipes" / "smollm2-cpu.yaml").read_text()
+    floorless = tmp / "floorless"
+    floorless.mkdir()
+    plain = yaml.safe_load(data)
+    plain.pop("quality")
+    (floorless / "smollm2-cpu.yaml").write_text(yaml.safe_dump(plain))
+    recipe = load_recipes(tmp / "recipes")["smollm2-cpu"]
+    with serving(recipe, load_profiles()["cpu"], local_mem_available, print, 600) as srv:
+        yield with_floor, str(floorless), srv
+
+
+@pytest.fixture(scope="module")
+def runs(embedded_server, damaged, tmp_path_factory):
+    """before: the good engine (its floor); again: the same engine gated on before; worse: the damaged one, without
+    a floor, gated on before; below: the damaged one held to the recipe's floor, no baseline. name -> (file, run)."""
+    d = tmp_path_factory.mktemp("quality")
+    with_floor, floorless, srv = damaged
+
+    def run(name, url, *args):
+        result = subprocess.run([sys.executable, "-m", "pytest", TESTS, *SUITE_PLUGINS, "-rA", "-s", "-m", "serving",
+                                 "-k", CHECKS, "--level=quick", "--recipe=smollm2-cpu", f"--base-url={url}",
+                                 f"--results-json={d / name}.json", *args], cwd=ROOT, capture_output=True, text=True,
+                                timeout=1200)
+        return d / f"{name}.json", result
+    out = {"before": run("before", embedded_server.base_url)}
+    gate = f"--baseline={d / 'before.json'}"
+    out["again"] = run("again", embedded_server.base_url, gate)
+    out["worse"] = run("worse", srv.base_url, gate, f"--recipes-dir={floorless}")
+    out["below"] = run("below", srv.base_url, f"--recipes-dir={with_floor}")
+    return out
+
+
+def _failed(out: str) -> list[str]:
+    return sorted(set(re.findall(r"^\[([A-Z]+-[A-Z-]+)\] ", out, re.M)))
+
+
+def test_the_good_engine_meets_the_recipes_floor_and_a_second_run_passes_its_gate(runs):
+    for name in ("before", "again"):
+        _, result = runs[name]
+        assert result.returncode == 0, result.stdout[-4000:]
+    out = runs["again"][1].stdout
+    assert "against the baseline: smollm2-cpu [QUAL-ANSWERS] " in out, out[-4000:]
+    assert "the engine's own rerun of " in out
+
+
+def test_damaged_weights_that_answer_wrongly_in_clean_text_fail_the_quality_gate_with_its_own_message(runs):
+    out = runs["worse"][1].stdout
+    assert _failed(out) == ["QUAL-ANSWERS"], out[-6000:]
+    assert "expected: no significant loss of right answers against the baseline (McNemar's exact test" in out
+    assert re.search(r"found:    \d+/27 right before, \d+/27 after: \d+ went from right to wrong", out), out[-4000:]
+    assert "right to wrong: " in out and "the same defect as SERVE-SANITY's" not in out
+
+
+def test_damaged_weights_fail_the_recipes_floor_without_a_baseline(runs):
+    out = runs["below"][1].stdout
+    assert _failed(out) == ["QUAL-ANSWERS"], out[-6000:]
+    assert re.search(r"expected: >= \d+% of the 27 probes right \(", out) and "wrong: " in out, out[-4000:]
+
+
+def test_compare_says_whether_answers_got_worse_with_a_p_value(runs):
+    base, again, worse = (load(runs[n][0]) for n in ("before", "again", "worse"))
+    same, damaged = compare(base, again), compare(base, worse)
+    assert not same.worse_answers and damaged.worse_answers, (report(same), report(damaged))
+    text = report(damaged)
+    assert "answers worse: smollm2-cpu [QUAL-ANSWERS] " in text and "p=" in text and "the baseline's own rerun" in text
+    assert "answers (quality probes, paired):" in report(same)
+
+
+def test_a_recipe_without_a_floor_and_a_run_without_a_baseline_could_not_run_and_say_how(runs, embedded_server,
+                                                                                       damaged, pytester, tmp_path):
+    result = run_suite(pytester, "-m", "serving", "-k", "probes_are_answered", "--level=quick",
+                       "--recipe=smollm2-cpu", f"--base-url={embedded_server.base_url}", f"--recipes-dir={damaged[1]}")
+    out = result.stdout.str()
+    assert result.ret == 5 or "1 skipped" in out, out[-3000:]
+    assert "[QUAL-ANSWERS] could not run: recipe smollm2-cpu states no quality floor and no --baseline" in out
