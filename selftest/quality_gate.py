@@ -99,6 +99,7 @@ def main() -> None:
                      f"{sum(f.significantly_worse for f, _ in alarms)} of {len(alarms)} ordered pairs flagged; most "
                      f"flips {worst[0].worse} right-to-wrong, {worst[0].better} back",
                      worst[1].describe() if worst[1] else "-", f"{clean_flags:.0%}"))
+        print(rows[-1], flush=True)
         for strength in args.strengths:
             with serving(recipe(strength), profile, local_mem_available, print, 600) as srv:
                 damaged = answers(srv.base_url, srv.served_name, probes, threads=4)

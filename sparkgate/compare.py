@@ -209,6 +209,11 @@ def first_answers(answers: list[Answer]) -> dict[str, dict[str, Answer]]:
     return out
 
 
+def paired(before: dict[str, Answer], after: dict[str, Answer]) -> dict[str, Answer]:
+    """The answers of `before` to probes `after` answered too, asked the same way (the same prompt)."""
+    return {p: a for p, a in before.items() if p in after and a.prompt_digest == after[p].prompt_digest}
+
+
 def _steps(a: Answer) -> list[quality.Step]:
     return [(s.text, s.logprob, s.top) for s in a.steps]
 

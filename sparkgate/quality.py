@@ -33,6 +33,7 @@ from .probes import said
 SEED = 20261205
 ALPHA = 0.01  # as the speed gate's (sparkgate.compare.ALPHA)
 TOP_K = 5  # top log-probabilities recorded per generated token
+STEPS_KEPT = 64  # generated tokens recorded per answer: answers part early, and a thinking model's 1,000 would not fit
 RERUN_SHARE = 8  # the check answers every RERUN_SHARE-th probe twice: the engine's own rerun noise
 
 
@@ -201,7 +202,7 @@ def steps_of(choice: Mapping[str, Any]) -> list[tuple[str, float, list[tuple[str
         pairs = [(str(t.get("token", "")), v) for t in (top if isinstance(top, list) else [])
                  if isinstance(t, Mapping) and (v := _number(t.get("logprob"))) is not None]
         out.append((str(item.get("token", "")), lp, pairs[:TOP_K]))
-    return out
+    return out[:STEPS_KEPT]
 
 
 def _number(value: Any) -> float | None:

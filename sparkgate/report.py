@@ -14,7 +14,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .compare import compare_answers, first_answers
+from .compare import compare_answers, first_answers, paired
 from .measure import Figure
 from .redact import mask, md_text
 from .results import Answer, CheckResult, Measurement
@@ -191,8 +191,8 @@ def answer_rows(answers: list[Answer], baseline: list[Answer] | None = None) -> 
         for a in first.values():
             families.setdefault(a.probe.rsplit("-", 1)[0], []).append(a.right)
         gate = "no baseline"
-        if recipe in before:
-            c = compare_answers(recipe, before[recipe], first, [a for a in baseline or [] if a.recipe == recipe])
+        if pairs := paired(before.get(recipe, {}), first):
+            c = compare_answers(recipe, pairs, first, [a for a in baseline or [] if a.recipe == recipe])
             gate = ("WORSE: " if c.worse else "not significantly worse: ") + c.flips.describe()
         wrong = [f"{a.probe}: {a.text[:40]!r}" for a in first.values() if not a.right][:3]
         rows.append([recipe, f"{sum(a.right for a in first.values())}/{len(first)}",

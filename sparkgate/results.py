@@ -110,12 +110,14 @@ class Answer(BaseModel):
 
     recipe: str
     check: str
-    probe: str = Field(description="the probe's stable id (family-number)")
-    prompt_digest: str = Field(description="hash of the prompt: a probe of the same id asked differently does not pair")
+    probe: str = Field(pattern=r"^[a-z]+-[0-9]{1,6}$", description="the probe's stable id (family-number)")
+    prompt_digest: str = Field(pattern=r"^[0-9a-f]{16}$",
+                               description="hash of the prompt: a probe of the same id asked differently does not pair")
     right: bool
     text: str = Field(description="the answer's content, at most 400 characters")
     rerun: bool = Field(False, description="the same run's second answer to the probe: the engine's own rerun noise")
-    steps: list[Step] = []
+    steps: list[Step] = Field([], description="the first generated tokens (at most 64: where answers part), each with "
+                              "its top-k")
 
 
 class Downtime(BaseModel):

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sparkgate import quality, sanity
-from sparkgate.compare import compare_answers, rerun_noise
+from sparkgate.compare import compare_answers, first_answers, paired, rerun_noise
 from sparkgate.probes import chat_body
 from sparkgate.results import Answer, Step
 
@@ -85,11 +85,12 @@ def test_the_probes_are_answered_right_as_often_as_the_floor_and_the_baseline_sa
                          "`quality: min_right` in the recipe from a run you trust")
 
     def why(fails_on_clean_answers: bool) -> str:
-        """One defect, one failure: garbage is SERVE-SANITY's. Where the verdict holds on the clean answers alone,
-        the garbage is the cause, and the message points there."""
+        """One defect, one failure: garbage is SERVE-SANITY's. Where the verdict holds on the clean answers alone, or
+        most answers are garbage (what is left is too little to judge, and likely garbage the detector missed), the
+        garbage is the cause, and the message points there."""
         if not garbage:
             return WHY
-        if fails_on_clean_answers:
+        if fails_on_clean_answers and len(garbage) * 2 <= len(probes):
             return f"{WHY} (and {len(garbage)} answers are garbage besides: SERVE-SANITY judges those)"
         return f"{WHY} {sanity.diagnosed_by('SERVE-SANITY', 'garbage answers')}"
     if recipe.quality is not None:
@@ -101,8 +102,8 @@ def test_the_probes_are_answered_right_as_often_as_the_floor_and_the_baseline_sa
                    found=f"{right}/{len(probes)} right ({right / len(probes):.0%}); wrong: {_some(wrong)}",
                    why=why(sum(a.right for a in clean.values()) < floor.min_right * len(clean)))
     if baseline_answers is not None:
-        before = {a.probe: a for a in baseline_answers if not a.rerun and a.check == check.id
-                  and a.probe in first and a.prompt_digest == first[a.probe].prompt_digest}
+        before = paired(first_answers([a for a in baseline_answers if a.check == check.id]).get(recipe.name, {}),
+                        first)
         if not before:
             print("  against the baseline: it has no answers to these probes (an older results file, or QUAL-ANSWERS "
                   "did not run there)")
