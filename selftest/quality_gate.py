@@ -1,14 +1,17 @@
 """How the quality gate behaves on the real engine: its false alarms on reruns of one unchanged model, and the damage
 at which it turns red against the damage at which the garbage detector does.
 
-    python -m selftest.quality_gate [--probes 135] [--reruns 3] [--strengths 0.02 0.05 0.1 0.2]
+    python -m selftest.quality_gate [--probes 135] [--reruns 3] [--strengths 0.02 0.05 0.1 0.2] [--dtypes bfloat16]
 
 The embedded default answers the first N quality probes (sparkgate.quality; 135 is the standard level's) `--reruns`
 times on one server, each time in another order and at another concurrency (other batches), and every pair of reruns
 is compared as the gate compares (McNemar's exact test, p < 0.01). Then the same model with Gaussian noise in every
 weight matrix (the garbage corpus's damage, a share of each matrix's own standard deviation) answers the probes, and
-SANITY_PROMPTS' and the corpus's ordinary prompts go through the garbage detector: what share of its answers it flags.
-About 2 minutes a model on two cores. Prints a Markdown table (README, "Gating an upgrade: answers").
+the corpus's ordinary prompts go through the garbage detector: what share of its answers it flags. `--dtypes` serves
+the clean weights in another dtype (a serving change the CPU engine allows): how far that moves the answers, and
+whether the gate calls it worse.
+About 2 minutes a model on two cores. Prints a Markdown table (README, "Answers: an upgrade that makes answers worse
+is red").
 """
 
 from __future__ import annotations
@@ -67,17 +70,22 @@ def main() -> None:
     ap.add_argument("--probes", type=int, default=135)
     ap.add_argument("--reruns", type=int, default=3)
     ap.add_argument("--strengths", type=float, nargs="*", default=[0.02, 0.05, 0.1, 0.2])
+    ap.add_argument("--dtypes", nargs="*", default=[], help="serve the clean weights in each (e.g. bfloat16)")
     args = ap.parse_args()
+    if args.reruns < 2:
+        ap.error("--reruns: at least 2 (the false alarms are pairs of reruns)")
     probes = quality.probe_set(args.probes)
     profile = load_profiles()["cpu"]
     tmp = Path(tempfile.mkdtemp(prefix="quality-gate-"))
     rows = []
     try:
-        def recipe(strength: float):
-            where = tmp / f"noise-{strength}"
+        def recipe(strength: float, dtype: str | None = None):
+            where = tmp / f"noise-{strength}-{dtype}-{len(list(tmp.iterdir()))}"
 
             def change(data):
                 move_port(data, PORT)
+                if dtype:
+                    data["serve_args"][data["serve_args"].index("--dtype") + 1] = dtype
                 if strength:
                     perturbed(lambda name: True, strength)(embedded.prepare("embedded:smollm2", cache_dir()),
                                                            where / "weights")
@@ -100,12 +108,12 @@ def main() -> None:
                      f"flips {worst[0].worse} right-to-wrong, {worst[0].better} back",
                      worst[1].describe() if worst[1] else "-", f"{clean_flags:.0%}"))
         print(rows[-1], flush=True)
-        for strength in args.strengths:
-            with serving(recipe(strength), profile, local_mem_available, print, 600) as srv:
+        for strength, dtype in [(s, None) for s in args.strengths] + [(0, d) for d in args.dtypes]:
+            with serving(recipe(strength, dtype), profile, local_mem_available, print, 600) as srv:
                 damaged = answers(srv.base_url, srv.served_name, probes, threads=4)
                 flags = flagged_share(srv.base_url, srv.served_name)
             flips, moved = compared(runs[0], damaged)
-            rows.append((f"{strength:g} x std", f"{flips.right_after}/{len(probes)}",
+            rows.append((f"served in {dtype}" if dtype else f"{strength:g} x std", f"{flips.right_after}/{len(probes)}",
                          f"{'WORSE' if flips.significantly_worse else 'not worse'}: {flips.worse} right-to-wrong, "
                          f"{flips.better} back, p={flips.p_value:.2g}", moved.describe() if moved else "-",
                          f"{flags:.0%}"))

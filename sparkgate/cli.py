@@ -117,7 +117,7 @@ def compare_files(args: argparse.Namespace) -> int:
         print(f"sparkgate: {args.baseline} and {args.candidate} do not compare: {exc}", file=sys.stderr)
         return 2
     except (ArithmeticError, ValueError) as exc:  # figures no statistic can be computed on: bad input, not a regression
-        print(f"sparkgate: {args.baseline} and {args.candidate}: cannot compare their figures: {exc}", file=sys.stderr)
+        print(f"sparkgate: {args.baseline} and {args.candidate}: cannot compare them: {exc}", file=sys.stderr)
         return 2
     print(f"baseline:  {args.baseline} ({base.started}, sparkgate {base.suite.version})")
     print(f"candidate: {args.candidate} ({cand.started}, sparkgate {cand.suite.version})")

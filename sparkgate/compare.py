@@ -180,17 +180,14 @@ def compare(base: Results, cand: Results, tolerance_pct: float = TOLERANCE_PCT, 
                               f"{c.method!r} ({c.unit})")
         else:
             out.figures.append(compare_figure(b, c, tolerance_pct, alpha))
+    answered = first_answers(cand.answers)
     for recipe, before in first_answers(base.answers).items():
-        after = first_answers(cand.answers).get(recipe)
-        if not after:
-            out.missing.append(f"{recipe} [QUAL-ANSWERS] answers")
+        if not (pairs := paired(before, answered.get(recipe, {}))):
+            # None answered, or all asked differently (another version of the probe set): nothing to pair.
+            out.missing.append(f"{recipe} [QUAL-ANSWERS] answers to the baseline's probes, asked the same way")
             continue
-        differ = sorted(p for p in set(before) & set(after) if before[p].prompt_digest != after[p].prompt_digest)
-        if differ:
-            mismatched.append(f"{recipe} [QUAL-ANSWERS] probes {', '.join(differ[:5])}: asked differently (another "
-                              "version of the probe set)")
-            continue
-        out.answers.append(compare_answers(recipe, before, after, [a for a in base.answers if a.recipe == recipe]))
+        out.answers.append(compare_answers(recipe, pairs, answered[recipe],
+                                           [a for a in base.answers if a.recipe == recipe]))
     if mismatched:
         raise NotComparable("these figures were measured differently, so their numbers do not compare:\n  "
                             + "\n  ".join(mismatched))
@@ -244,8 +241,8 @@ def report(comparison: Comparison, tolerance_pct: float = TOLERANCE_PCT, alpha: 
         lines.append(f"REGRESSED: {len(comparison.regressions)} figure(s) slower by more than {tolerance_pct:g}% "
                      f"beyond the noise (Welch's t-test, p < {alpha:g}), {len(comparison.worse_answers)} recipe(s) "
                      f"answering worse (McNemar's exact test, p < {quality.ALPHA:g}), "
-                     f"{len(comparison.new_failures)} check(s) newly failing, {len(comparison.missing)} figure(s) of "
-                     "the baseline not measured")
+                     f"{len(comparison.new_failures)} check(s) newly failing, {len(comparison.missing)} figure(s) or "
+                     "answers of the baseline not measured")
         lines += [f"  {f.describe()}" for f in comparison.regressions]
         for a in comparison.worse_answers:
             lines.append(f"  answers worse: {a.describe()}")

@@ -33,7 +33,9 @@ from .probes import said
 SEED = 20261205
 ALPHA = 0.01  # as the speed gate's (sparkgate.compare.ALPHA)
 TOP_K = 5  # top log-probabilities recorded per generated token
-STEPS_KEPT = 64  # generated tokens recorded per answer: answers part early, and a thinking model's 1,000 would not fit
+STEPS_KEPT = 32  # generated tokens recorded per answer: answers part within a few tokens (README), and a thinking
+# model's 1,000 would not fit a results file
+DECIMALS = 3  # log-probabilities are recorded to this many decimals
 RERUN_SHARE = 8  # the check answers every RERUN_SHARE-th probe twice: the engine's own rerun noise
 
 
@@ -186,6 +188,14 @@ def probe_set(n: int | None = None) -> list[QualityProbe]:
     return order[:n] if n else order
 
 
+def by_kind(answers: Iterable[Any]) -> str:
+    """How many of `answers` (each with .probe and .right) are right, by the kind of probe (the id's family part)."""
+    kinds: dict[str, list[bool]] = {}
+    for a in answers:
+        kinds.setdefault(a.probe.rsplit("-", 1)[0], []).append(a.right)
+    return ", ".join(f"{k} {sum(v)}/{len(v)}" for k, v in kinds.items())
+
+
 # ---- what a server returned, for the record --------------------------------------------------------------
 
 
@@ -197,7 +207,7 @@ def steps_of(choice: Mapping[str, Any]) -> list[tuple[str, float, list[tuple[str
     out = []
     for item in content if isinstance(content, list) else []:
         if not isinstance(item, Mapping) or (lp := _number(item.get("logprob"))) is None:
-            continue
+            break  # the tokens after one left out would be compared at the wrong positions
         top = item.get("top_logprobs")
         pairs = [(str(t.get("token", "")), v) for t in (top if isinstance(top, list) else [])
                  if isinstance(t, Mapping) and (v := _number(t.get("logprob"))) is not None]
@@ -209,7 +219,7 @@ def _number(value: Any) -> float | None:
     """A log-probability: a finite number at most 0 (vLLM sends -9999.0 for minus infinity)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or value > 0:
         return None
-    return max(float(value), -9999.0)
+    return round(max(float(value), -9999.0), DECIMALS)
 
 
 # ---- the paired statistics --------------------------------------------------------------------------------
@@ -243,26 +253,36 @@ def flips(before: Mapping[str, bool], after: Mapping[str, bool]) -> Flips:
     better = sum(1 for p in common if after[p] and not before[p])
     n = worse + better
     # P(X >= worse), X ~ Binomial(n, 1/2), exactly: the sum of the upper tail.
-    p = sum(math.comb(n, k) for k in range(worse, n + 1)) / 2**n if n else 1.0
-    return Flips(len(common), sum(before[p] for p in common), sum(after[p] for p in common), worse, better, p)
+    p_value = sum(math.comb(n, k) for k in range(worse, n + 1)) / 2**n if n else 1.0
+    return Flips(len(common), sum(before[p] for p in common), sum(after[p] for p in common), worse, better, p_value)
 
 
 Step = tuple[str, float, Sequence[tuple[str, float]]]
 
 
+LOGPROB_FLOOR = -50.0  # e^-50: nothing a sampler would ever pick; keeps a broken model's -inf (-9999) computable
+
+
+def _normalised(logprobs: dict[str, float]) -> dict[str, float]:
+    top = max(logprobs.values())
+    total = top + math.log(sum(math.exp(v - top) for v in logprobs.values()))
+    return {t: v - total for t, v in logprobs.items()}
+
+
 def _kl(p_top: Sequence[tuple[str, float]], q_top: Sequence[tuple[str, float]]) -> float:
     """KL(P || Q) of two next-token distributions known by their top-k: over the union of their tokens, a token one
     side does not list gets that side's smallest listed log-probability (it is at most that likely), then both are
-    renormalised over the union."""
+    renormalised over the union. In log space, every value held to [LOGPROB_FLOOR, 0]: a file's values are
+    untrusted and a broken model's are extreme."""
     if not p_top or not q_top:
         return 0.0
-    p, q = dict(p_top), dict(q_top)
+    p = {t: min(0.0, max(LOGPROB_FLOOR, v)) for t, v in p_top}
+    q = {t: min(0.0, max(LOGPROB_FLOOR, v)) for t, v in q_top}
     floor_p, floor_q = min(p.values()), min(q.values())
     tokens = set(p) | set(q)
-    pw = {t: math.exp(p.get(t, floor_p)) for t in tokens}
-    qw = {t: math.exp(q.get(t, floor_q)) for t in tokens}
-    sp, sq = sum(pw.values()), sum(qw.values())
-    return max(0.0, sum(pw[t] / sp * math.log((pw[t] / sp) / (qw[t] / sq)) for t in tokens if pw[t] > 0))
+    lp = _normalised({t: p.get(t, floor_p) for t in tokens})
+    lq = _normalised({t: q.get(t, floor_q) for t in tokens})
+    return max(0.0, sum(math.exp(lp[t]) * (lp[t] - lq[t]) for t in tokens))
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from . import quality
 from .compare import compare_answers, first_answers, paired
 from .measure import Figure
 from .redact import mask, md_text
@@ -187,16 +188,13 @@ def answer_rows(answers: list[Answer], baseline: list[Answer] | None = None) -> 
     now, before = first_answers(answers), first_answers(baseline or [])
     rows = []
     for recipe, first in now.items():
-        families: dict[str, list[bool]] = {}
-        for a in first.values():
-            families.setdefault(a.probe.rsplit("-", 1)[0], []).append(a.right)
-        gate = "no baseline"
+        gate = "no baseline" if baseline is None else "the baseline has no answers to pair with these"
         if pairs := paired(before.get(recipe, {}), first):
             c = compare_answers(recipe, pairs, first, [a for a in baseline or [] if a.recipe == recipe])
             gate = ("WORSE: " if c.worse else "not significantly worse: ") + c.flips.describe()
         wrong = [f"{a.probe}: {a.text[:40]!r}" for a in first.values() if not a.right][:3]
         rows.append([recipe, f"{sum(a.right for a in first.values())}/{len(first)}",
-                     ", ".join(f"{f} {sum(v)}/{len(v)}" for f, v in families.items()), gate, "; ".join(wrong)])
+                     quality.by_kind(first.values()), gate, "; ".join(wrong)])
     return rows
 
 

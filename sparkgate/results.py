@@ -15,7 +15,7 @@ import datetime as dt
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -97,18 +97,21 @@ class Measurement(Figure):
     floor_name: str | None = Field(None, description="which of the recipe's floors (natural_decode, ...)")
 
 
+LogProb = Annotated[float, Field(ge=-9999, le=0, allow_inf_nan=False)]
+
+
 class Step(BaseModel):
     """One generated token of an answer (keys avoid the word the masking formatter hides)."""
 
     text: str
-    logprob: float
-    top: list[tuple[str, float]] = Field([], description="the top-k next-token candidates and their log-probabilities")
+    logprob: LogProb
+    top: list[tuple[str, LogProb]] = Field([], description="the top-k next-token candidates, with log-probabilities")
 
 
 class Answer(BaseModel):
     """One quality probe's answer (sparkgate.quality): what the gate pairs, probe by probe, with the baseline's."""
 
-    recipe: str
+    recipe: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     check: str
     probe: str = Field(pattern=r"^[a-z]+-[0-9]{1,6}$", description="the probe's stable id (family-number)")
     prompt_digest: str = Field(pattern=r"^[0-9a-f]{16}$",
@@ -116,7 +119,7 @@ class Answer(BaseModel):
     right: bool
     text: str = Field(description="the answer's content, at most 400 characters")
     rerun: bool = Field(False, description="the same run's second answer to the probe: the engine's own rerun noise")
-    steps: list[Step] = Field([], description="the first generated tokens (at most 64: where answers part), each with "
+    steps: list[Step] = Field([], description="the first generated tokens (at most 32: where answers part), each with "
                               "its top-k")
 
 
@@ -154,7 +157,9 @@ class Results(BaseModel):
         return self.level or "standard"
 
 
-MAX_BYTES = 20 * 2**20  # a full extended run of three recipes writes well under 1 MB
+# A full extended run of three recipes writes a few MB, most of it the quality probes' tokens (325 answers of up to 32
+# tokens with their top 5, per recipe).
+MAX_BYTES = 64 * 2**20
 
 
 def load(path: Path) -> Results:

@@ -38,11 +38,12 @@ def answer_all(server, endpoint, recipe):
         body = chat_body(server.served_name, probe.prompt, max_tokens=max_tokens, **extra)
         response = endpoint.post(body)
         data = endpoint.json_object(response, f"an answer to quality probe {probe.id}")
-        endpoint.check.that(response.status_code == 200 and bool(data.get("choices")),
+        choices = data.get("choices")
+        endpoint.check.that(response.status_code == 200 and isinstance(choices, list) and bool(choices)
+                            and isinstance(choices[0], dict) and isinstance(choices[0].get("message") or {}, dict),
                             expected=f"HTTP 200 with a choice for quality probe {probe.id}",
                             found=f"HTTP {response.status_code}: {response.text[:300]!r}")
-        choice = data["choices"][0]
-        return probe, choice.get("message") or {}, choice
+        return probe, choices[0].get("message") or {}, choices[0]
 
     def run(probes):
         seqs = int(recipe.args.value("--max-num-seqs") or 4)
@@ -61,7 +62,7 @@ def test_the_probes_are_answered_right_as_often_as_the_floor_and_the_baseline_sa
     answered = answer_all(probes) + answer_all(list(reversed(again)))  # the rerun in another order: other batches
     kept, garbage = [], set()
     for i, (probe, message, choice) in enumerate(answered):
-        text = message.get("content") or ""
+        text = message.get("content") if isinstance(message.get("content"), str) else ""
         if i < len(probes) and sanity.scan_message(message, probe.prompt):
             garbage.add(probe.id)
         kept.append(Answer(recipe=recipe.name, check=check.id, probe=probe.id, prompt_digest=_digest(probe.prompt),
@@ -71,10 +72,7 @@ def test_the_probes_are_answered_right_as_often_as_the_floor_and_the_baseline_sa
     first = {a.probe: a for a in kept if not a.rerun}
     clean = {p: a for p, a in first.items() if p not in garbage}
     right = sum(a.right for a in first.values())
-    families: dict[str, list[bool]] = {}
-    for probe in probes:
-        families.setdefault(probe.family, []).append(first[probe.id].right)
-    print(f"{right}/{len(probes)} right: " + ", ".join(f"{f} {sum(v)}/{len(v)}" for f, v in families.items())
+    print(f"{right}/{len(probes)} right: {quality.by_kind(first.values())}"
           + (f"; {len(garbage)} answers garbage (SERVE-SANITY's to judge)" if garbage else ""))
     if noise := rerun_noise(kept):
         print(f"the engine's own rerun of {len(again)} probes: {noise.describe()}")
@@ -85,9 +83,9 @@ def test_the_probes_are_answered_right_as_often_as_the_floor_and_the_baseline_sa
                          "`quality: min_right` in the recipe from a run you trust")
 
     def why(fails_on_clean_answers: bool) -> str:
-        """One defect, one failure: garbage is SERVE-SANITY's. Where the verdict holds on the clean answers alone, or
-        most answers are garbage (what is left is too little to judge, and likely garbage the detector missed), the
-        garbage is the cause, and the message points there."""
+        """One defect, one failure: garbage is SERVE-SANITY's. The message points there when the garbage is the cause:
+        judged on the clean answers alone the verdict would pass, or most answers are garbage (what is left is too
+        little to judge, and likely garbage the detector missed). Otherwise the wrong answers are this check's own."""
         if not garbage:
             return WHY
         if fails_on_clean_answers and len(garbage) * 2 <= len(probes):
@@ -105,16 +103,24 @@ def test_the_probes_are_answered_right_as_often_as_the_floor_and_the_baseline_sa
         before = paired(first_answers([a for a in baseline_answers if a.check == check.id]).get(recipe.name, {}),
                         first)
         if not before:
-            print("  against the baseline: it has no answers to these probes (an older results file, or QUAL-ANSWERS "
-                  "did not run there)")
+            had = [a for a in baseline_answers if a.check == check.id]
+            why_not = (f"its {len(had)} answers are to probes asked differently (another version of the probe set)"
+                       if had else "it has no answers (an older results file, or QUAL-ANSWERS did not run there)")
+            if recipe.quality is None:
+                check.cannot_run(f"the baseline cannot be paired with this run: {why_not}; recipe {recipe.name} "
+                                 f"states no quality floor. {right}/{len(probes)} right, recorded for a later "
+                                 "--baseline", "make the baseline again with this version of the suite")
+            print(f"  against the baseline: {why_not}")
             return
         verdict = compare_answers(recipe.name, before, first, baseline_answers)
         print(f"  against the baseline: {verdict.describe()}")
-        on_clean = compare_answers(recipe.name, {p: a for p, a in before.items() if p in clean}, clean)
+        on_clean = quality.flips({p: a.right for p, a in before.items() if p in clean},
+                                 {p: a.right for p, a in clean.items()})
         check.that(not verdict.worse,
                    expected="no significant loss of right answers against the baseline (McNemar's exact test on the "
                             f"paired probes, one-sided, p < {quality.ALPHA:g})",
-                   found=f"{verdict.flips.describe()}; right to wrong: {_some(verdict.lost)}", why=why(on_clean.worse))
+                   found=f"{verdict.flips.describe()}; right to wrong: {_some(verdict.lost)}",
+                   why=why(on_clean.significantly_worse))
 
 
 def _some(items: list[str], shown: int = 6) -> str:
