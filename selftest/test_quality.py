@@ -103,6 +103,20 @@ def test_identical_answers_have_not_moved_and_a_changed_one_shows_where_it_parte
     assert quality.movement(a, shifted).mean_kl > 0.5 and quality.movement(a, shifted).top1_agreement < 1
 
 
+TOPS = st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]),
+                          st.floats(min_value=-9999, max_value=0) | st.sampled_from([-9999.0, 0.0, -50.0])),
+                min_size=1, max_size=5)
+
+
+@settings(max_examples=500, deadline=None)
+@given(p=TOPS, q=TOPS)
+def test_how_far_a_distribution_moved_is_a_finite_figure_whatever_its_log_probabilities(p, q):
+    """A broken model's -inf (vLLM sends -9999) on one side and not the other must not raise (it once did)."""
+    kl = quality._kl(p, q)
+    assert math.isfinite(kl) and kl >= 0
+    assert quality._kl(p, p) == pytest.approx(0, abs=1e-9)
+
+
 @settings(max_examples=300, deadline=None)
 @given(text=st.text())
 def test_the_json_judge_reads_any_text_without_raising(text):
