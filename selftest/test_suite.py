@@ -113,11 +113,14 @@ def test_the_suite_passes_on_the_embedded_default_and_writes_its_reports(tmp_pat
     assert all(c.outcome in ("passed", "skipped") for c in data.checks), [c.id for c in data.checks]
     valid = subprocess.run([sys.executable, "-m", "sparkgate.cli", "validate", str(results)], capture_output=True,
                            text=True)
-    assert valid.returncode == 0 and "valid (schema 2" in valid.stdout, valid.stdout + valid.stderr
+    assert valid.returncode == 0 and "valid (schema 3" in valid.stdout, valid.stdout + valid.stderr
+    assert checks["QUAL-ANSWERS"].outcome == "passed" and len(data.answers) == 27 + 4  # and every 8th again
+    assert all(a.steps and a.steps[0].top for a in data.answers), "each answer keeps its tokens' top-k"
     schema = json.loads((ROOT / "docs" / "results.schema.json").read_text())
     jsonschema.validate(json.loads(results.read_text()), schema)  # as a contributor's tool would
     md = summary.read_text()
     assert "| smollm2-cpu | PERF-NATURAL | natural decode, per request |" in md and "### Environment" in md
+    assert "### Answers (quality probes)" in md and "| smollm2-cpu | " in md.split("### Answers")[1], md
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copy(summary, ARTIFACTS / "summary.md")
     _look_at_the_report(report)
@@ -138,11 +141,14 @@ def _look_at_the_report(report):
         page = chromium.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(report.as_uri())
         page.wait_for_selector("#sparkgate-summary")
-        for selector in ("#sparkgate-summary", "#sparkgate-figures", "#environment", "#sparkgate-ran"):
+        for selector in ("#sparkgate-summary", "#sparkgate-figures", "#sparkgate-answers", "#environment",
+                         "#sparkgate-ran"):
             assert page.is_visible(selector), f"{selector} is not visible"
         assert "What ran, at --level quick: host " in page.inner_text("#sparkgate-ran")
         figures = page.inner_text("#sparkgate-figures + table")
         assert "PERF-NATURAL" in figures and "meets its floor" in figures, figures[:2000]
+        answers = page.inner_text("#sparkgate-answers + table")
+        assert "smollm2-cpu" in answers and "/27" in answers and "no baseline" in answers, answers[:2000]
         for title in ("decode per request against concurrency", "capacity sweep with time to first token",
                       "per-request decode against the roofline"):
             img = page.locator(f'img[alt*="{title}"]')
