@@ -72,6 +72,43 @@ def run_suite(pytester, *args, timeout=1200):
                         f"(the stacks):\n{tails['stderr']}", pytrace=False)
 
 
+def run_suites_at_once(runs: dict[str, tuple[str, list[str]]], tmp: Path, timeout=1200) -> dict[str, pytest.RunResult]:
+    """Several runs of the acceptance suite at the same time, each as run_suite runs one: name -> (the node id of
+    the self-test it proves for, its arguments). Runs that judge answers, not time, share the engines' idle moments
+    (a batch of four costs a CPU engine about what one request does) instead of waiting on each other."""
+    def start(name, outer, args):
+        # A HOME of its own, as pytester gives each run: the suite's run lock lives there (one run per target and
+        # user), and these runs start nothing. PYTEST_CURRENT_TEST: whose proof it is (selftest/proofs.py).
+        home = tmp / f"{name}-home"
+        home.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "HOME": str(home), "PY_COLORS": "0", "PYTEST_CURRENT_TEST": f"{outer} (call)"}
+        env.pop("PYTEST_ADDOPTS", None)
+        return subprocess.Popen([sys.executable, "-m", "pytest", f"--basetemp={tmp / name}", TESTS, *SUITE_PLUGINS,
+                                 "-rA", "-o", f"faulthandler_timeout={max(timeout - 60, 1)}", *args], cwd=ROOT,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    t0 = time.monotonic()
+    started = {name: start(name, outer, args) for name, (outer, args) in runs.items()}
+    results = {}
+    try:
+        for name, proc in started.items():
+            try:
+                out, err = proc.communicate(timeout=max(1, timeout - (time.monotonic() - t0)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+                pytest.fail(f"the suite ({name}) ran past {timeout} s; it printed, last:\n{out[-6000:]}\n--- its "
+                            f"stderr, last (the stacks):\n{err[-6000:]}", pytrace=False)
+            results[name] = pytest.RunResult(proc.returncode, out.splitlines(), err.splitlines(),
+                                             time.monotonic() - t0)
+    finally:
+        for proc in started.values():  # a failure above leaves no suite running
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
 def sparkgate_cli(*args):
     return subprocess.run([sys.executable, "-m", "sparkgate.cli", *args], capture_output=True, text=True,
                           check=True).stdout

@@ -14,8 +14,6 @@ import json
 import math
 import random
 import re
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -30,7 +28,7 @@ from sparkgate.recipes import load_profiles, load_recipes
 from sparkgate.results import load
 
 from .garbage.corpus import perturbed
-from .helpers import ROOT, SUITE_PLUGINS, TESTS, broken_recipe, local_mem_available, move_port, run_suite
+from .helpers import broken_recipe, local_mem_available, move_port, run_suite, run_suites_at_once
 
 # Noise at a tenth of each matrix's std: 17 of the quick level's 27 probes right before, 5 after, none of the 27
 # answers garbage to the detector (it flags some answers to other prompts: selftest/quality_gate.py measures how many).
@@ -156,6 +154,7 @@ def damaged(tmp_path_factory):
 
     def change(data):
         move_port(data, DAMAGED_PORT)
+        data["env"] = {**data.get("env", {}), "VLLM_CPU_OMP_THREADS_BIND": "1"}  # beside the embedded (core 0)
         perturbed(lambda name: True, DAMAGE)(embedded.prepare("embedded:smollm2", cache_dir()), tmp / "weights")
         data["model"] = {**data["model"], "id": str(tmp / "weights"), "source": None}
     with_floor = broken_recipe(tmp, change)
@@ -173,22 +172,26 @@ def damaged(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(embedded_server, damaged, tmp_path_factory):
     """before: the good engine (its floor); again: the same engine gated on before; worse: the damaged one, without
-    a floor, gated on before; below: the damaged one held to the recipe's floor, no baseline. name -> (file, run)."""
+    a floor, gated on before; below: the damaged one held to the recipe's floor, no baseline. Two at a time, one on
+    each engine (each on a core of its own). name -> (file, run)."""
     d = tmp_path_factory.mktemp("quality")
     with_floor, floorless, srv = damaged
 
-    def run(name, url, *args):
-        result = subprocess.run([sys.executable, "-m", "pytest", TESTS, *SUITE_PLUGINS, "-rA", "-s", "-m", "serving",
-                                 "-k", CHECKS, "--level=quick", "--recipe=smollm2-cpu", f"--base-url={url}",
-                                 f"--results-json={d / name}.json", *args], cwd=ROOT, capture_output=True, text=True,
-                                timeout=1200)
-        return d / f"{name}.json", result
-    out = {"before": run("before", embedded_server.base_url)}
+    def run(name, url, proves, *args):
+        return name, (f"{__name__.replace('.', '/')}.py::{proves}",
+                      ["-s", "-m", "serving", "-k", CHECKS, "--level=quick", "--recipe=smollm2-cpu",
+                       f"--base-url={url}", f"--results-json={d / name}.json", *args])
     gate = f"--baseline={d / 'before.json'}"
-    out["again"] = run("again", embedded_server.base_url, gate)
-    out["worse"] = run("worse", srv.base_url, gate, f"--recipes-dir={floorless}")
-    out["below"] = run("below", srv.base_url, f"--recipes-dir={with_floor}")
-    return out
+    good = "test_the_good_engine_meets_the_recipes_floor_and_a_second_run_passes_its_gate"
+    out = run_suites_at_once(dict([
+        run("before", embedded_server.base_url, good),
+        run("below", srv.base_url, "test_damaged_weights_fail_the_recipes_floor_without_a_baseline",
+            f"--recipes-dir={with_floor}")]), d)
+    out |= run_suites_at_once(dict([
+        run("again", embedded_server.base_url, good, gate),
+        run("worse", srv.base_url, "test_damaged_weights_that_answer_wrongly_in_clean_text_fail_the_quality_gate_with_"
+            "its_own_message", gate, f"--recipes-dir={floorless}")]), d)
+    return {name: (d / f"{name}.json", result) for name, result in out.items()}
 
 
 def _failed(out: str) -> list[str]:
@@ -198,14 +201,14 @@ def _failed(out: str) -> list[str]:
 def test_the_good_engine_meets_the_recipes_floor_and_a_second_run_passes_its_gate(runs):
     for name in ("before", "again"):
         _, result = runs[name]
-        assert result.returncode == 0, result.stdout[-4000:]
-    out = runs["again"][1].stdout
+        assert result.ret == 0, result.stdout.str()[-4000:]
+    out = runs["again"][1].stdout.str()
     assert "against the baseline: smollm2-cpu [QUAL-ANSWERS] " in out, out[-4000:]
     assert "the engine's own rerun of " in out
 
 
 def test_damaged_weights_that_answer_wrongly_in_clean_text_fail_the_quality_gate_with_its_own_message(runs):
-    out = runs["worse"][1].stdout
+    out = runs["worse"][1].stdout.str()
     assert _failed(out) == ["QUAL-ANSWERS"], out[-6000:]
     assert "expected: no significant loss of right answers against the baseline (McNemar's exact test" in out
     assert re.search(r"found:    \d+/27 right before, \d+/27 after: \d+ went from right to wrong", out), out[-4000:]
@@ -213,7 +216,7 @@ def test_damaged_weights_that_answer_wrongly_in_clean_text_fail_the_quality_gate
 
 
 def test_damaged_weights_fail_the_recipes_floor_without_a_baseline(runs):
-    out = runs["below"][1].stdout
+    out = runs["below"][1].stdout.str()
     assert _failed(out) == ["QUAL-ANSWERS"], out[-6000:]
     assert re.search(r"expected: >= \d+% of the 27 probes right \(", out) and "wrong: " in out, out[-4000:]
 

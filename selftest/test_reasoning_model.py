@@ -18,11 +18,12 @@ from sparkgate.launch import serving
 from sparkgate.recipes import load_profiles, load_recipes
 from sparkgate.results import Results
 
-from .helpers import broken_recipe, local_mem_available, move_port, run_suite
+from .helpers import broken_recipe, local_mem_available, move_port, run_suites_at_once
 from .thinker import TEMPLATE_ALWAYS_THINKS, build
 
 NAME = "smollm2-think"
 TWINS = {"good": 18040, "no-parser": 18041, "always-thinks": 18042}
+CORES = {"good": "0", "no-parser": "1", "always-thinks": "1"}  # the twins' runs go at once: spread the engines
 SELECTION = "reasoning or thinking"
 
 
@@ -33,6 +34,7 @@ def _recipe(kind: str, model: Path, tmp: Path) -> Path:
         data["serve_args"][data["serve_args"].index("--served-model-name") + 1] = NAME
         data["features"]["reasoning"] = True
         move_port(data, TWINS[kind])
+        data["env"] = {**data.get("env", {}), "VLLM_CPU_OMP_THREADS_BIND": CORES[kind]}
         if kind != "no-parser":
             data["serve_args"] += ["--reasoning-parser", "qwen3"]
         if kind == "always-thinks":
@@ -69,57 +71,82 @@ def thinkers(tmp_path_factory):
         yield started
 
 
-def _run(pytester, thinkers, kind, *args):
+def _failed(result) -> list[str]:
+    return sorted(set(re.findall(r"^\[(SERVE-[A-Z-]+)\] ", result.stdout.str(), re.M)))
+
+
+def _args(thinkers, kind, *args) -> list[str]:
     folder, srv = thinkers[kind]
-    result = run_suite(pytester, "-m", "serving", f"--recipes-dir={folder}", f"--recipe={NAME}",
-                       f"--base-url={srv.base_url}", "-k", SELECTION, *args)
-    return result, sorted(set(re.findall(r"^\[(SERVE-[A-Z-]+)\] ", result.stdout.str(), re.M)))
+    return ["-m", "serving", f"--recipes-dir={folder}", f"--recipe={NAME}", f"--base-url={srv.base_url}", "-k",
+            SELECTION, *args]
 
 
-def test_a_model_that_reasons_passes_both_reasoning_checks_and_the_results_name_the_field(pytester, thinkers,
-                                                                                        tmp_path):
-    result, failed = _run(pytester, thinkers, "good", f"--results-json={tmp_path / 'results.json'}")
-    assert failed == [] and result.parseoutcomes()["passed"] == 2, result.stdout.str()[-4000:]
+def _node(test: str) -> str:
+    return f"{__name__.replace('.', '/')}.py::{test}"
+
+
+GOOD = "test_a_model_that_reasons_passes_both_reasoning_checks_and_the_results_name_the_field"
+NO_PARSER = "test_served_without_its_reasoning_parser_the_thinking_reaches_the_answer_and_the_reasoning_check_says_so"
+ALWAYS = "test_behind_a_template_that_ignores_the_switch_it_thinks_anyway_and_fails_exactly_the_thinking_off_check"
+GATED = "test_gated_on_a_baseline_the_reasoning_check_fails_exactly_when_the_field_moved"
+FIELDS = ["reasoning", "reasoning_content"]
+
+
+@pytest.fixture(scope="module")
+def runs(thinkers, tmp_path_factory):
+    """The reasoning checks against each twin at once (they count tokens and read fields, never time); then the good
+    one again at once against two baselines: the good run's own results, with the field the thinking came in kept
+    (reasoning) or moved (reasoning_content). name -> the run; "results": the good run's results file."""
+    d = tmp_path_factory.mktemp("reasoning-runs")
+    results = d / "results.json"
+    out = run_suites_at_once({"good": (_node(GOOD), _args(thinkers, "good", f"--results-json={results}")),
+                              "no-parser": (_node(NO_PARSER), _args(thinkers, "no-parser")),
+                              "always-thinks": (_node(ALWAYS), _args(thinkers, "always-thinks"))}, d)
+    gated = {}
+    for field in FIELDS:
+        data = json.loads(results.read_text())
+        data["recipes"][0]["server"]["reasoning_field"] = field
+        (d / f"base-{field}.json").write_text(json.dumps(data))
+        gated[field] = (_node(f"{GATED}[{field}]"), _args(thinkers, "good", "-k", "thinking_lands",
+                                                           f"--baseline={d / f'base-{field}.json'}"))
+    return out | run_suites_at_once(gated, d) | {"results": results}
+
+
+def test_a_model_that_reasons_passes_both_reasoning_checks_and_the_results_name_the_field(runs):
+    result = runs["good"]
+    assert _failed(result) == [] and result.parseoutcomes()["passed"] == 2, result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(["*reasoning field: reasoning (* chars); content *",
                                  "*completion tokens: thinking on *, off *"])
-    [run] = Results.model_validate_json((tmp_path / "results.json").read_text()).recipes
+    [run] = Results.model_validate_json(runs["results"].read_text()).recipes
     assert run.server["reasoning_field"] == "reasoning", run.server
 
 
-@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
-def test_gated_on_a_baseline_the_reasoning_check_fails_exactly_when_the_field_moved(pytester, thinkers, tmp_path,
-                                                                                      field):
+@pytest.mark.parametrize("field", FIELDS)
+def test_gated_on_a_baseline_the_reasoning_check_fails_exactly_when_the_field_moved(runs, field):
     """Against a baseline whose server sent the thinking where this one does, the good server passes; against one
     whose server sent it in `reasoning_content` (vLLM builds before the rename) it MUST fail, naming both fields."""
-    base = tmp_path / "base.json"
-    _run(pytester, thinkers, "good", "-k", "thinking_lands", f"--results-json={base}")
-    data = json.loads(base.read_text())
-    data["recipes"][0]["server"]["reasoning_field"] = field
-    base.write_text(json.dumps(data))
-    result, failed = _run(pytester, thinkers, "good", "-k", "thinking_lands", f"--baseline={base}")
-    assert failed == ([] if field == "reasoning" else ["SERVE-REASONING"]), result.stdout.str()[-4000:]
+    result = runs[field]
+    assert _failed(result) == ([] if field == "reasoning" else ["SERVE-REASONING"]), result.stdout.str()[-4000:]
     assert result.parseoutcomes().get("passed", 0) == (field == "reasoning"), result.stdout.str()[-4000:]
     if field == "reasoning_content":
         result.stdout.fnmatch_lines(["*expected: the thinking in `reasoning_content`, where the baseline's server "
-                                     "sent it (*base.json)*",
+                                     "sent it (*base-reasoning_content.json)*",
                                      "*found:    the thinking in `reasoning`: a client that reads `reasoning_content` "
                                      "finds none*"])
 
 
-def test_served_without_its_reasoning_parser_the_thinking_reaches_the_answer_and_the_reasoning_check_says_so(
-        pytester, thinkers):
+def test_served_without_its_reasoning_parser_the_thinking_reaches_the_answer_and_the_reasoning_check_says_so(runs):
     """SERVE-REASONING MUST fail with its own verdict; SERVE-THINKING-OFF, whose thinking-on answer carries the same
     leak, fails pointing at it (one defect, one diagnosis)."""
-    result, failed = _run(pytester, thinkers, "no-parser")
-    assert failed == ["SERVE-REASONING", "SERVE-THINKING-OFF"], result.stdout.str()[-4000:]
+    result = runs["no-parser"]
+    assert _failed(result) == ["SERVE-REASONING", "SERVE-THINKING-OFF"], result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(["*found:    reasoning field absent (0 chars), content '<think>*",
                                  "*found:    thinking in the content (a literal <think> at char 0) while no reasoning "
                                  "field carries any*",
                                  "*the same defect as SERVE-REASONING's, which diagnoses thinking left in the answer*"])
 
 
-def test_behind_a_template_that_ignores_the_switch_it_thinks_anyway_and_fails_exactly_the_thinking_off_check(
-        pytester, thinkers):
-    result, failed = _run(pytester, thinkers, "always-thinks")
-    assert failed == ["SERVE-THINKING-OFF"], result.stdout.str()[-4000:]
+def test_behind_a_template_that_ignores_the_switch_it_thinks_anyway_and_fails_exactly_the_thinking_off_check(runs):
+    result = runs["always-thinks"]
+    assert _failed(result) == ["SERVE-THINKING-OFF"], result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(["*found:    * completion tokens, reasoning *(* chars), content *"])

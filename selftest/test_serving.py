@@ -36,6 +36,7 @@ from .helpers import (
     local_mem_available,
     move_port,
     run_suite,
+    run_suites_at_once,
     serving_at,
 )
 
@@ -50,9 +51,15 @@ JUDGED_ON_THEIR_OWN = ["test_the_served_name_is_listed", "test_the_health_endpoi
                        "test_bad_input_gets_a_4xx_with_a_message", "test_a_text_only_model_refuses_an_image_with_a_4xx"]
 
 
+# The CPU core each broken engine computes on: apart, so the two proofs below run at once (vLLM binds an engine
+# to core 0 by default and keeps the other for its API server).
+CORES = {"random": "1", "damaged": "0"}
+
+
 def recipe_for(kind: str, tmp: Path) -> Recipe:
     def change(data: dict) -> None:
         move_port(data, PORTS[kind])
+        data["env"] = {**data.get("env", {}), "VLLM_CPU_OMP_THREADS_BIND": CORES[kind]}
         if kind == "random":
             data["serve_args"] += ["--load-format", "dummy"]
         elif kind == "damaged":
@@ -92,16 +99,31 @@ def failed_checks(result) -> list[str]:
 
 # The replays' long prompts cost two minutes a model on a CPU: their red is proven once, on the damaged model.
 REPLAYS = ("SERVE-REPRO", "SERVE-REPRO-AGENT")
+BROKEN = {"damaged": True, "random": False}  # kind -> whether its run replays
 
 
-@pytest.mark.parametrize(("kind", "level", "replays"), [("damaged", "quick", True), ("random", "standard", False)],
-                         ids=["damaged-quick", "random-standard"])
-def test_a_broken_model_fails_every_check_that_reads_an_answer_and_nothing_else(pytester, servers, kind, level,
-                                                                               replays):
-    """At every level: a level sets how much of a check runs, never whether a layer is judged."""
-    recipes, srv = servers[kind]
-    result = run_suite(pytester, "-m", "serving", f"--recipes-dir={recipes}", "--recipe=smollm2-cpu",
-                       f"--base-url={srv.base_url}", f"--level={level}", *(() if replays else ("-k", "not repro")))
+def _node(test: str, param: str) -> str:
+    """The node id of a parametrized test of this module, whose proof a run made at once records."""
+    return f"{__name__.replace('.', '/')}.py::{test}[{param}]"
+
+
+@pytest.fixture(scope="module")
+def broken_runs(servers, tmp_path_factory):
+    """The serving layer against each broken model, both at once (each engine on a core of its own), at quick: a
+    level sets how many quality probes are asked, never whether a layer is judged (test_levels.py)."""
+    test = "test_a_broken_model_fails_every_check_that_reads_an_answer_and_nothing_else"
+    return run_suites_at_once({kind: (_node(test, kind),
+                                      ["-m", "serving", f"--recipes-dir={servers[kind][0]}", "--recipe=smollm2-cpu",
+                                       f"--base-url={servers[kind][1].base_url}", "--level=quick",
+                                       *(() if replays else ("-k", "not repro"))])
+                               for kind, replays in BROKEN.items()}, tmp_path_factory.mktemp("broken-runs"))
+
+
+@pytest.mark.parametrize("kind", BROKEN)
+def test_a_broken_model_fails_every_check_that_reads_an_answer_and_nothing_else(broken_runs, kind):
+    """Every check that reads an answer MUST fail on the broken model's garbage, pointing at the one that diagnoses
+    it, and the checks that judge something else pass."""
+    result, replays = broken_runs[kind], BROKEN[kind]
     out = result.stdout.str()
     expected = [c for c in READS_ANSWERS if replays or c not in REPLAYS]
     assert failed_checks(result) == sorted(expected), out[-6000:]
@@ -140,16 +162,25 @@ def gateway(embedded_server):
         yield f"http://127.0.0.1:{GATEWAY_PORT}"
 
 
+@pytest.fixture(scope="module")
+def gateway_runs(gateway, tmp_path_factory):
+    """The serving layer behind each way, all at once against the one engine (they judge answers, not time)."""
+    test = "test_a_gateway_wrong_in_one_way_fails_exactly_the_checks_that_guard_against_it"
+    return run_suites_at_once({way: (_node(test, way),
+                                     ["-m", "serving", "--recipe=smollm2-cpu", f"--base-url={gateway}/{way}",
+                                      "--level=quick", "-k", "not repro"])
+                               for way in GATEWAYS}, tmp_path_factory.mktemp("gateway-runs"))
+
+
 @pytest.mark.parametrize("way", GATEWAYS)
-def test_a_gateway_wrong_in_one_way_fails_exactly_the_checks_that_guard_against_it(pytester, gateway, way):
+def test_a_gateway_wrong_in_one_way_fails_exactly_the_checks_that_guard_against_it(gateway_runs, way):
     """The real engine behind a gateway that drops vLLM's own request fields, answers the engine's 4xx with a bare
     500, forwards the OpenAI API alone (no /health), or answers a long prompt sent again as if it asked something
     else (fluent, not garbage: what only the comparison with the first answer sees): the serving layer MUST fail
     exactly the checks that guard against that, saying so, and pass the rest (the long replays, which only read
     answers, are proven red on the broken models above)."""
     checks, words = GATEWAYS[way]
-    result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu", f"--base-url={gateway}/{way}",
-                       "--level=quick", "-k", "not repro")
+    result = gateway_runs[way]
     out = result.stdout.str()
     assert failed_checks(result) == sorted(checks), out[-6000:]
     for w in words:

@@ -297,7 +297,11 @@ def test_another_client_on_the_server_fails_the_token_count(pytester, embedded_s
                                  "*found:    one at a time: client *, server +*; 4 at once: client *, server +*"])
     counts = re.search(r"found:    one at a time: client (\d+), server \+(\d+); 4 at once: client (\d+), server "
                        r"\+(\d+)", result.stdout.str())
-    assert counts and int(counts[2]) > int(counts[1]) and int(counts[4]) > int(counts[3]), result.stdout.str()[-3000:]
+    # The other client's tokens land in the window of at least one phase, never fewer than the client's: at 4 at
+    # once (--max-num-seqs) its request may queue behind the burst and finish after the counter was read.
+    client_one, server_one, client_four, server_four = map(int, counts.groups()) if counts else (0, 0, 0, 0)
+    assert counts and server_one >= client_one and server_four >= client_four, result.stdout.str()[-3000:]
+    assert server_one > client_one or server_four > client_four, result.stdout.str()[-3000:]
 
 
 def speculative(config):
