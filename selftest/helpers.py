@@ -78,14 +78,19 @@ def run_suites_at_once(runs: dict[str, tuple[str, list[str]]], tmp: Path, timeou
     (a batch of four costs a CPU engine about what one request does) instead of waiting on each other."""
     def start(name, outer, args):
         # A HOME of its own, as pytester gives each run: the suite's run lock lives there (one run per target and
-        # user), and these runs start nothing. PYTEST_CURRENT_TEST: whose proof it is (selftest/proofs.py).
+        # user), and these runs start nothing. PYTEST_CURRENT_TEST: whose proof it is (selftest/proofs.py). Output
+        # to files, as pytester's: a pipe nobody reads yet would stall a run mid-check.
         home = tmp / f"{name}-home"
         home.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "HOME": str(home), "PY_COLORS": "0", "PYTEST_CURRENT_TEST": f"{outer} (call)"}
         env.pop("PYTEST_ADDOPTS", None)
-        return subprocess.Popen([sys.executable, "-m", "pytest", f"--basetemp={tmp / name}", TESTS, *SUITE_PLUGINS,
-                                 "-rA", "-o", f"faulthandler_timeout={max(timeout - 60, 1)}", *args], cwd=ROOT,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with open(home / "stdout", "w") as out, open(home / "stderr", "w") as err:
+            return subprocess.Popen([sys.executable, "-m", "pytest", f"--basetemp={tmp / name}", TESTS,
+                                     *SUITE_PLUGINS, "-rA", "-o", f"faulthandler_timeout={max(timeout - 60, 1)}",
+                                     *args], cwd=ROOT, env=env, stdout=out, stderr=err)
+
+    def printed(name, stream):
+        return (tmp / f"{name}-home" / stream).read_text(errors="replace")
 
     t0 = time.monotonic()
     started = {name: start(name, outer, args) for name, (outer, args) in runs.items()}
@@ -93,14 +98,13 @@ def run_suites_at_once(runs: dict[str, tuple[str, list[str]]], tmp: Path, timeou
     try:
         for name, proc in started.items():
             try:
-                out, err = proc.communicate(timeout=max(1, timeout - (time.monotonic() - t0)))
+                proc.wait(timeout=max(1, timeout - (time.monotonic() - t0)))
             except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
-                pytest.fail(f"the suite ({name}) ran past {timeout} s; it printed, last:\n{out[-6000:]}\n--- its "
-                            f"stderr, last (the stacks):\n{err[-6000:]}", pytrace=False)
-            results[name] = pytest.RunResult(proc.returncode, out.splitlines(), err.splitlines(),
-                                             time.monotonic() - t0)
+                pytest.fail(f"the suite ({name}) ran past {timeout} s; it printed, last:\n"
+                            f"{printed(name, 'stdout')[-6000:]}\n--- its stderr, last (the stacks):\n"
+                            f"{printed(name, 'stderr')[-6000:]}", pytrace=False)
+            results[name] = pytest.RunResult(proc.returncode, printed(name, "stdout").splitlines(),
+                                             printed(name, "stderr").splitlines(), time.monotonic() - t0)
     finally:
         for proc in started.values():  # a failure above leaves no suite running
             if proc.poll() is None:
