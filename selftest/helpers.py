@@ -72,6 +72,13 @@ def run_suite(pytester, *args, timeout=1200):
                         f"(the stacks):\n{tails['stderr']}", pytrace=False)
 
 
+def cores_apart(n: int) -> list[str]:
+    """n CPU cores for n engines that run at once, as VLLM_CPU_OMP_THREADS_BIND values: apart while there are cores
+    enough (vLLM binds every engine to the first core by default), shared after."""
+    cores = sorted(os.sched_getaffinity(0))
+    return [str(cores[i % len(cores)]) for i in range(n)]
+
+
 def run_suites_at_once(runs: dict[str, tuple[str, list[str]]], tmp: Path, timeout=1200) -> dict[str, pytest.RunResult]:
     """Several runs of the acceptance suite at the same time, each as run_suite runs one: name -> (the node id of
     the self-test it proves for, its arguments). Runs that judge answers, not time, share the engines' idle moments

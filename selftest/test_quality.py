@@ -28,7 +28,7 @@ from sparkgate.recipes import load_profiles, load_recipes
 from sparkgate.results import load
 
 from .garbage.corpus import perturbed
-from .helpers import broken_recipe, local_mem_available, move_port, run_suite, run_suites_at_once
+from .helpers import broken_recipe, cores_apart, local_mem_available, move_port, run_suite, run_suites_at_once
 
 # Noise at a tenth of each matrix's std: 17 of the quick level's 27 probes right before, 5 after, none of the 27
 # answers garbage to the detector (it flags some answers to other prompts: selftest/quality_gate.py measures how many).
@@ -154,7 +154,8 @@ def damaged(tmp_path_factory):
 
     def change(data):
         move_port(data, DAMAGED_PORT)
-        data["env"] = {**data.get("env", {}), "VLLM_CPU_OMP_THREADS_BIND": "1"}  # beside the embedded (core 0)
+        # Beside the embedded engine (on the first core): the runs below go two at a time, one on each.
+        data["env"] = {**data.get("env", {}), "VLLM_CPU_OMP_THREADS_BIND": cores_apart(2)[1]}
         perturbed(lambda name: True, DAMAGE)(embedded.prepare("embedded:smollm2", cache_dir()), tmp / "weights")
         data["model"] = {**data["model"], "id": str(tmp / "weights"), "source": None}
     with_floor = broken_recipe(tmp, change)

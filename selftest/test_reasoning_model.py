@@ -18,12 +18,12 @@ from sparkgate.launch import serving
 from sparkgate.recipes import load_profiles, load_recipes
 from sparkgate.results import Results
 
-from .helpers import broken_recipe, local_mem_available, move_port, run_suites_at_once
+from .helpers import broken_recipe, cores_apart, local_mem_available, move_port, run_suites_at_once
 from .thinker import TEMPLATE_ALWAYS_THINKS, build
 
 NAME = "smollm2-think"
 TWINS = {"good": 18040, "no-parser": 18041, "always-thinks": 18042}
-CORES = {"good": "0", "no-parser": "1", "always-thinks": "1"}  # the twins' runs go at once: spread the engines
+CORES = dict(zip(TWINS, cores_apart(len(TWINS)), strict=True))  # the twins' runs go at once: spread the engines
 SELECTION = "reasoning or thinking"
 
 

@@ -31,6 +31,7 @@ from .garbage.corpus import DAMAGED, perturbed
 from .helpers import (
     GUARD_PORT,
     broken_recipe,
+    cores_apart,
     embedded_recipe_dir,
     guard,
     local_mem_available,
@@ -51,9 +52,8 @@ JUDGED_ON_THEIR_OWN = ["test_the_served_name_is_listed", "test_the_health_endpoi
                        "test_bad_input_gets_a_4xx_with_a_message", "test_a_text_only_model_refuses_an_image_with_a_4xx"]
 
 
-# The CPU core each broken engine computes on: apart, so the two proofs below run at once (vLLM binds an engine
-# to core 0 by default and keeps the other for its API server).
-CORES = {"random": "1", "damaged": "0"}
+# The CPU core each broken engine computes on: apart, so the two proofs below run at once.
+CORES = dict(zip(PORTS, cores_apart(len(PORTS)), strict=True))
 
 
 def recipe_for(kind: str, tmp: Path) -> Recipe:
