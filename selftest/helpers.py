@@ -74,7 +74,8 @@ def run_suite(pytester, *args, timeout=1200):
 
 def cores_apart(n: int) -> list[str]:
     """n CPU cores for n engines that run at once, as VLLM_CPU_OMP_THREADS_BIND values: apart while there are cores
-    enough (vLLM binds every engine to the first core by default), shared after."""
+    enough (vLLM's `auto` binds every engine to the same cores: all but the last, which it keeps for the API
+    server), shared after."""
     cores = sorted(os.sched_getaffinity(0))
     return [str(cores[i % len(cores)]) for i in range(n)]
 
@@ -89,20 +90,22 @@ def run_suites_at_once(runs: dict[str, tuple[str, list[str]]], tmp: Path, timeou
         # to files, as pytester's: a pipe nobody reads yet would stall a run mid-check.
         home = tmp / f"{name}-home"
         home.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "HOME": str(home), "PY_COLORS": "0", "PYTEST_CURRENT_TEST": f"{outer} (call)"}
+        env = {**os.environ, "HOME": str(home), "PY_COLORS": "0", "PYTEST_CURRENT_TEST": f"{outer} (call)",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         env.pop("PYTEST_ADDOPTS", None)
         with open(home / "stdout", "w") as out, open(home / "stderr", "w") as err:
             return subprocess.Popen([sys.executable, "-m", "pytest", f"--basetemp={tmp / name}", TESTS,
                                      *SUITE_PLUGINS, "-rA", "-o", f"faulthandler_timeout={max(timeout - 60, 1)}",
-                                     *args], cwd=ROOT, env=env, stdout=out, stderr=err)
+                                     *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
 
     def printed(name, stream):
         return (tmp / f"{name}-home" / stream).read_text(errors="replace")
 
     t0 = time.monotonic()
-    started = {name: start(name, outer, args) for name, (outer, args) in runs.items()}
-    results = {}
+    started, results = {}, {}
     try:
+        for name, (outer, args) in runs.items():
+            started[name] = start(name, outer, args)
         for name, proc in started.items():
             try:
                 proc.wait(timeout=max(1, timeout - (time.monotonic() - t0)))
@@ -110,8 +113,10 @@ def run_suites_at_once(runs: dict[str, tuple[str, list[str]]], tmp: Path, timeou
                 pytest.fail(f"the suite ({name}) ran past {timeout} s; it printed, last:\n"
                             f"{printed(name, 'stdout')[-6000:]}\n--- its stderr, last (the stacks):\n"
                             f"{printed(name, 'stderr')[-6000:]}", pytrace=False)
-            results[name] = pytest.RunResult(proc.returncode, printed(name, "stdout").splitlines(),
-                                             printed(name, "stderr").splitlines(), time.monotonic() - t0)
+            out = printed(name, "stdout")
+            print(f"--- the suite ({name}) printed:\n{out}")  # the outer test's output, as pytester's runs show
+            results[name] = pytest.RunResult(proc.returncode, out.splitlines(), printed(name, "stderr").splitlines(),
+                                             time.monotonic() - t0)
     finally:
         for proc in started.values():  # a failure above leaves no suite running
             if proc.poll() is None:

@@ -154,7 +154,7 @@ def damaged(tmp_path_factory):
 
     def change(data):
         move_port(data, DAMAGED_PORT)
-        # Beside the embedded engine (on the first core): the runs below go two at a time, one on each.
+        # Off the embedded engine's core (on two cores): the runs below go two at a time, one on each engine.
         data["env"] = {**data.get("env", {}), "VLLM_CPU_OMP_THREADS_BIND": cores_apart(2)[1]}
         perturbed(lambda name: True, DAMAGE)(embedded.prepare("embedded:smollm2", cache_dir()), tmp / "weights")
         data["model"] = {**data["model"], "id": str(tmp / "weights"), "source": None}

@@ -103,9 +103,11 @@ def runs(thinkers, tmp_path_factory):
                               "no-parser": (_node(NO_PARSER), _args(thinkers, "no-parser")),
                               "always-thinks": (_node(ALWAYS), _args(thinkers, "always-thinks"))}, d)
     gated = {}
-    for field in FIELDS:
+    for field in FIELDS:  # the baseline holds what the gated run measures, SERVE-REASONING alone, as its own run would
         data = json.loads(results.read_text())
         data["recipes"][0]["server"]["reasoning_field"] = field
+        data["checks"] = [c for c in data["checks"] if c["id"] == "SERVE-REASONING"]
+        data["measurements"] = [m for m in data["measurements"] if m["check"] == "SERVE-REASONING"]
         (d / f"base-{field}.json").write_text(json.dumps(data))
         gated[field] = (_node(f"{GATED}[{field}]"), _args(thinkers, "good", "-k", "thinking_lands",
                                                            f"--baseline={d / f'base-{field}.json'}"))
@@ -127,6 +129,8 @@ def test_gated_on_a_baseline_the_reasoning_check_fails_exactly_when_the_field_mo
     whose server sent it in `reasoning_content` (vLLM builds before the rename) it MUST fail, naming both fields."""
     result = runs[field]
     assert _failed(result) == ([] if field == "reasoning" else ["SERVE-REASONING"]), result.stdout.str()[-4000:]
+    assert (result.ret == 0) == (field == "reasoning"), result.stdout.str()[-4000:]
+    assert "did not measure" not in result.stdout.str(), result.stdout.str()[-4000:]
     assert result.parseoutcomes().get("passed", 0) == (field == "reasoning"), result.stdout.str()[-4000:]
     if field == "reasoning_content":
         result.stdout.fnmatch_lines(["*expected: the thinking in `reasoning_content`, where the baseline's server "
