@@ -72,6 +72,16 @@ def run_suite(pytester, *args, timeout=1200):
                         f"(the stacks):\n{tails['stderr']}", pytrace=False)
 
 
+def bind_to_core(data: dict, core: str) -> None:
+    """A recipe's data (as loaded from its YAML) with its CPU engine bound to `core` (one of cores_apart's)."""
+    data["env"] = {**data.get("env", {}), "VLLM_CPU_OMP_THREADS_BIND": core}
+
+
+def node_id(module: str, test: str) -> str:
+    """The node id of a self-test of `module` (its __name__): the proof a suite run made for it records it."""
+    return f"{module.replace('.', '/')}.py::{test}"
+
+
 def cores_apart(n: int) -> list[str]:
     """n CPU cores for n engines that run at once, as VLLM_CPU_OMP_THREADS_BIND values: apart while there are cores
     enough (vLLM's `auto` binds every engine to the same cores: all but the last, which it keeps for the API

@@ -28,7 +28,16 @@ from sparkgate.recipes import load_profiles, load_recipes
 from sparkgate.results import load
 
 from .garbage.corpus import perturbed
-from .helpers import broken_recipe, cores_apart, local_mem_available, move_port, run_suite, run_suites_at_once
+from .helpers import (
+    bind_to_core,
+    broken_recipe,
+    cores_apart,
+    local_mem_available,
+    move_port,
+    node_id,
+    run_suite,
+    run_suites_at_once,
+)
 
 # Noise at a tenth of each matrix's std: 17 of the quick level's 27 probes right before, 5 after, none of the 27
 # answers garbage to the detector (it flags some answers to other prompts: selftest/quality_gate.py measures how many).
@@ -155,7 +164,7 @@ def damaged(tmp_path_factory):
     def change(data):
         move_port(data, DAMAGED_PORT)
         # Off the embedded engine's core (on two cores): the runs below go two at a time, one on each engine.
-        data["env"] = {**data.get("env", {}), "VLLM_CPU_OMP_THREADS_BIND": cores_apart(2)[1]}
+        bind_to_core(data, cores_apart(2)[1])
         perturbed(lambda name: True, DAMAGE)(embedded.prepare("embedded:smollm2", cache_dir()), tmp / "weights")
         data["model"] = {**data["model"], "id": str(tmp / "weights"), "source": None}
     with_floor = broken_recipe(tmp, change)
@@ -179,7 +188,7 @@ def runs(embedded_server, damaged, tmp_path_factory):
     with_floor, floorless, srv = damaged
 
     def run(name, url, proves, *args):
-        return name, (f"{__name__.replace('.', '/')}.py::{proves}",
+        return name, (node_id(__name__, proves),
                       ["-s", "-m", "serving", "-k", CHECKS, "--level=quick", "--recipe=smollm2-cpu",
                        f"--base-url={url}", f"--results-json={d / name}.json", *args])
     gate = f"--baseline={d / 'before.json'}"

@@ -18,7 +18,15 @@ from sparkgate.launch import serving
 from sparkgate.recipes import load_profiles, load_recipes
 from sparkgate.results import Results
 
-from .helpers import broken_recipe, cores_apart, local_mem_available, move_port, run_suites_at_once
+from .helpers import (
+    bind_to_core,
+    broken_recipe,
+    cores_apart,
+    local_mem_available,
+    move_port,
+    node_id,
+    run_suites_at_once,
+)
 from .thinker import TEMPLATE_ALWAYS_THINKS, build
 
 NAME = "smollm2-think"
@@ -34,7 +42,7 @@ def _recipe(kind: str, model: Path, tmp: Path) -> Path:
         data["serve_args"][data["serve_args"].index("--served-model-name") + 1] = NAME
         data["features"]["reasoning"] = True
         move_port(data, TWINS[kind])
-        data["env"] = {**data.get("env", {}), "VLLM_CPU_OMP_THREADS_BIND": CORES[kind]}
+        bind_to_core(data, CORES[kind])
         if kind != "no-parser":
             data["serve_args"] += ["--reasoning-parser", "qwen3"]
         if kind == "always-thinks":
@@ -81,10 +89,6 @@ def _args(thinkers, kind, *args) -> list[str]:
             SELECTION, *args]
 
 
-def _node(test: str) -> str:
-    return f"{__name__.replace('.', '/')}.py::{test}"
-
-
 GOOD = "test_a_model_that_reasons_passes_both_reasoning_checks_and_the_results_name_the_field"
 NO_PARSER = "test_served_without_its_reasoning_parser_the_thinking_reaches_the_answer_and_the_reasoning_check_says_so"
 ALWAYS = "test_behind_a_template_that_ignores_the_switch_it_thinks_anyway_and_fails_exactly_the_thinking_off_check"
@@ -99,9 +103,9 @@ def runs(thinkers, tmp_path_factory):
     (reasoning) or moved (reasoning_content). name -> the run; "results": the good run's results file."""
     d = tmp_path_factory.mktemp("reasoning-runs")
     results = d / "results.json"
-    out = run_suites_at_once({"good": (_node(GOOD), _args(thinkers, "good", f"--results-json={results}")),
-                              "no-parser": (_node(NO_PARSER), _args(thinkers, "no-parser")),
-                              "always-thinks": (_node(ALWAYS), _args(thinkers, "always-thinks"))}, d)
+    out = run_suites_at_once({"good": (node_id(__name__, GOOD), _args(thinkers, "good", f"--results-json={results}")),
+                              "no-parser": (node_id(__name__, NO_PARSER), _args(thinkers, "no-parser")),
+                              "always-thinks": (node_id(__name__, ALWAYS), _args(thinkers, "always-thinks"))}, d)
     gated = {}
     for field in FIELDS:  # the baseline holds what the gated run measures, SERVE-REASONING alone, as its own run would
         data = json.loads(results.read_text())
@@ -109,7 +113,7 @@ def runs(thinkers, tmp_path_factory):
         data["checks"] = [c for c in data["checks"] if c["id"] == "SERVE-REASONING"]
         data["measurements"] = [m for m in data["measurements"] if m["check"] == "SERVE-REASONING"]
         (d / f"base-{field}.json").write_text(json.dumps(data))
-        gated[field] = (_node(f"{GATED}[{field}]"), _args(thinkers, "good", "-k", "thinking_lands",
+        gated[field] = (node_id(__name__, f"{GATED}[{field}]"), _args(thinkers, "good", "-k", "thinking_lands",
                                                            f"--baseline={d / f'base-{field}.json'}"))
     return out | run_suites_at_once(gated, d) | {"results": results}
 

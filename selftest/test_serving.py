@@ -30,12 +30,14 @@ from sparkgate.recipes import Recipe, load_profiles, load_recipes
 from .garbage.corpus import DAMAGED, perturbed
 from .helpers import (
     GUARD_PORT,
+    bind_to_core,
     broken_recipe,
     cores_apart,
     embedded_recipe_dir,
     guard,
     local_mem_available,
     move_port,
+    node_id,
     run_suite,
     run_suites_at_once,
     serving_at,
@@ -59,7 +61,7 @@ CORES = dict(zip(PORTS, cores_apart(len(PORTS)), strict=True))
 def recipe_for(kind: str, tmp: Path) -> Recipe:
     def change(data: dict) -> None:
         move_port(data, PORTS[kind])
-        data["env"] = {**data.get("env", {}), "VLLM_CPU_OMP_THREADS_BIND": CORES[kind]}
+        bind_to_core(data, CORES[kind])
         if kind == "random":
             data["serve_args"] += ["--load-format", "dummy"]
         elif kind == "damaged":
@@ -102,17 +104,12 @@ REPLAYS = ("SERVE-REPRO", "SERVE-REPRO-AGENT")
 BROKEN = {"damaged": True, "random": False}  # kind -> whether its run replays
 
 
-def _node(test: str, param: str) -> str:
-    """The node id of a parametrized test of this module, whose proof a run made at once records."""
-    return f"{__name__.replace('.', '/')}.py::{test}[{param}]"
-
-
 @pytest.fixture(scope="module")
 def broken_runs(servers, tmp_path_factory):
     """The serving layer against each broken model, both at once (each engine on a core of its own), at quick: a
     level sets how many quality probes are asked, never whether a layer is judged (test_levels.py)."""
     test = "test_a_broken_model_fails_every_check_that_reads_an_answer_and_nothing_else"
-    return run_suites_at_once({kind: (_node(test, kind),
+    return run_suites_at_once({kind: (node_id(__name__, f"{test}[{kind}]"),
                                       ["-m", "serving", f"--recipes-dir={servers[kind][0]}", "--recipe=smollm2-cpu",
                                        f"--base-url={servers[kind][1].base_url}", "--level=quick",
                                        *(() if replays else ("-k", "not repro"))])
@@ -166,7 +163,7 @@ def gateway(embedded_server):
 def gateway_runs(gateway, tmp_path_factory):
     """The serving layer behind each way, all at once against the one engine (they judge answers, not time)."""
     test = "test_a_gateway_wrong_in_one_way_fails_exactly_the_checks_that_guard_against_it"
-    return run_suites_at_once({way: (_node(test, way),
+    return run_suites_at_once({way: (node_id(__name__, f"{test}[{way}]"),
                                      ["-m", "serving", "--recipe=smollm2-cpu", f"--base-url={gateway}/{way}",
                                       "--level=quick", "-k", "not repro"])
                                for way in GATEWAYS}, tmp_path_factory.mktemp("gateway-runs"))
