@@ -90,7 +90,18 @@ class Handler(BaseHTTPRequestHandler):
             if again:
                 body = asked_something_else(body)
         headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
-        with self.upstream.stream(method, path, content=body or None, headers=headers) as answer:
+        request = self.upstream.build_request(method, path, content=body or None, headers=headers)
+        try:
+            answer = self.upstream.send(request, stream=True)
+        except httpx.HTTPError as exc:  # the engine unreachable: a 502 saying so, as a proxy answers
+            text = f"bad gateway: {type(exc).__name__}: {exc}".encode()
+            self.send_response(502)
+            self.send_header("content-type", "text/plain")
+            self.send_header("content-length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+            return
+        try:
             if way == "errors-500" and 400 <= answer.status_code < 500:
                 answer.read()
                 self.send_response(500)
@@ -106,6 +117,8 @@ class Handler(BaseHTTPRequestHandler):
             for chunk in [answer.read()] if way == "buffers" else answer.iter_bytes():
                 self.wfile.write(chunk)
                 self.wfile.flush()
+        finally:
+            answer.close()
         self.close_connection = True
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
@@ -116,7 +129,11 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
-    Handler.upstream = httpx.Client(base_url=sys.argv[2], timeout=httpx.Timeout(600, connect=10))
+    # A connection of its own per request upstream, as downstream (every answer ends with the close): a pooled one
+    # the engine is closing as it idles out would drop a request the engine never saw.
+    Handler.upstream = httpx.Client(base_url=sys.argv[2], timeout=httpx.Timeout(600, connect=10),
+                                    limits=httpx.Limits(max_keepalive_connections=0))
+    ThreadingHTTPServer.request_queue_size = 128  # several suites at once, each with a batch of requests in flight
     server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
     server.daemon_threads = True
     server.serve_forever()

@@ -49,6 +49,7 @@ import httpx
 from httpx_sse import SSEError
 
 from . import sanity
+from .httpclient import limits
 from .redact import MASKER, mask, mask_json, secret
 from .stream import StreamError, assembled
 
@@ -177,7 +178,7 @@ def app(upstream: str, out: Path, token: str | None = None, upstream_key: str | 
     secret(upstream_key)
     expected = token.encode() if token is not None else None
     own_auth = token is not None or upstream_key is not None  # else a client's Authorization goes through as sent
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30), limits=httpx.Limits(max_connections=None),
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30), limits=limits(None),
                                headers={"authorization": f"Bearer {upstream_key}"} if upstream_key else None)
 
     # Judging and storing: one process of their own (a thread would share the event loop's interpreter lock, which

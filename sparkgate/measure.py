@@ -23,6 +23,7 @@ import httpx
 from httpx_sse import SSEError, aconnect_sse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .httpclient import limits
 from .stream import Assembled, StreamError
 
 METHOD = "sparkgate.stream/1: decode=(N-1)/(t_last-t_first_token), TTFT=t_first_token-t_sent, N=usage"
@@ -220,7 +221,7 @@ async def burst(where: Target | str, bodies: list[dict[str, Any]], deadline_s: f
     """Send all bodies at once, each on its own connection, and time each."""
     target = target_of(where)
     async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=30), headers=target.headers,
-                                 limits=httpx.Limits(max_connections=len(bodies))) as client:
+                                 limits=limits(len(bodies))) as client:
         return list(await asyncio.gather(*(stream_chat(client, target, b, deadline_s) for b in bodies)))
 
 
@@ -244,7 +245,7 @@ async def closed_loop(where: Target | str, make_body: Callable[[int], dict[str, 
             i += 1
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=30), headers=target.headers,
-                                 limits=httpx.Limits(max_connections=streams)) as client:
+                                 limits=limits(streams)) as client:
         tasks = [asyncio.create_task(stream(client, k)) for k in range(streams)]
         _, running = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         for task in running:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 
+from ..httpclient import limits
 from ..recipes import Recipe
 from ..redact import mask
 
@@ -114,7 +115,7 @@ def wait_ready(base_url: str, served_name: str | None, timeout_s: float, alive: 
     seen: set[str] = set()
     latest: tuple[str, float] | None = None  # the last new phase and when: where a start that hangs is stuck
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with httpx.Client(timeout=5, headers=headers) as client:
+    with httpx.Client(timeout=5, headers=headers, limits=limits()) as client:
         while True:
             if (gone := alive()) is not None:
                 raise StartError(f"{label} stopped while loading: {gone}")

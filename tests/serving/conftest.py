@@ -18,6 +18,7 @@ import pytest
 from httpx_sse import SSEError, connect_sse
 
 from sparkgate import sanity
+from sparkgate.httpclient import limits
 from sparkgate.shipped import REPRO_DIR
 from sparkgate.stream import Assembled, StreamError
 
@@ -178,7 +179,8 @@ class Endpoint:
 @pytest.fixture
 def endpoint(server: Any, check: Any, pytestconfig: pytest.Config) -> Any:
     timeout = pytestconfig.option.sg_request_timeout
-    with httpx.Client(base_url=server.base_url, timeout=timeout, headers=server.headers) as client:
+    with httpx.Client(base_url=server.base_url, timeout=timeout, headers=server.headers,
+                      limits=limits()) as client:
         yield Endpoint(server, check, client, timeout)
 
 

@@ -5,12 +5,13 @@ import openai
 import pytest
 
 from sparkgate import sanity
+from sparkgate.httpclient import limits
 from sparkgate.probes import COHERENCE, GREET, GREETINGS, chat_body, greets
 
 
 @pytest.fixture
 def api(server):
-    with httpx.Client(base_url=server.base_url, timeout=120, headers=server.headers) as client:
+    with httpx.Client(base_url=server.base_url, timeout=120, headers=server.headers, limits=limits()) as client:
         yield client
 
 
@@ -117,7 +118,7 @@ def sdk_args(body):
 def test_the_openai_client_gets_the_known_answers_streamed_and_not(check, server, endpoint):
     """The official openai client, retries off, MUST get the known answers, streamed and not."""
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key or "sparkgate", max_retries=0,
-                           timeout=300)
+                           timeout=300, http_client=openai.DefaultHttpxClient(limits=limits(1000)))
     wrong = []
     try:
         for probe in COHERENCE:
@@ -133,7 +134,8 @@ def test_the_openai_client_gets_the_known_answers_streamed_and_not(check, server
                                                      stream_options={"include_usage": True}))
     except openai.OpenAIError as exc:
         check.that(False, expected="the openai client completes every request",
-                   found=f"{type(exc).__name__}: {exc}")
+                   found=f"{type(exc).__name__}: {exc}"
+                         + (f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     endpoint.clean({"content": text}, body, label=f"{probe.prompt!r} (openai client, streamed)")
     if not probe.answered(text):
