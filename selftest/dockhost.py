@@ -65,7 +65,8 @@ def recipe_data(name: str = "smollm2-docker", container: str = NAME, port: int =
         "ipc": "host",
         "gpus": "none",
         "serve_args": ["--served-model-name", "smollm2-135m-instruct", "--host", "0.0.0.0", "--port", str(port),
-                       "--dtype", "bfloat16", "--max-model-len", "4096", "--max-num-seqs", "4", "--enforce-eager"],
+                       "--dtype", "bfloat16", "--max-model-len", "4096", "--max-num-seqs", "4", "--enforce-eager",
+                       "--attention-backend", "cpu_attn"],
         "port": port,
         "memory": {"weights_gib": 0.25, "kv_cache_gib": 1, "overhead_gib": 4.75,
                    "basis": "135M parameters in bf16; VLLM_CPU_KVCACHE_SPACE=1; the API server, engine and worker "

@@ -49,6 +49,7 @@ TWO_PINS = ("sg-pins", 18112)  # a recipe that pins the KV cache twice, by flag 
 QUIET = ("sg-quiet", 18113)  # a recipe whose server logs warnings only
 RETIRED_ENV = ("sg-env", 18114)  # a recipe that sets a variable vLLM no longer reads
 KNOWN_BAD = ("sg-bad", 18115)  # a recipe whose image holds a release on the known-bad list
+REFUSED_BACKEND = ("sg-backend", 18116)  # a recipe that asks for an attention backend the engine will not run
 KNOWN_BAD_IMAGE = "sparkgate/vllm-cpu:cutlass-dsl-4.5.0"
 # nvidia-cutlass-dsl is a CUDA kernel DSL for Blackwell GPUs, which cannot exist here: its stand-in is its installed
 # record alone (the metadata a pip install writes, which is what a package list reads), on the image's PYTHONPATH.
@@ -260,6 +261,10 @@ def _two_kv_pins(d):
     d["serve_args"].extend(["--kv-cache-memory-bytes", "512M"])
 
 
+def _gpu_backend(d):
+    d["serve_args"][d["serve_args"].index("--attention-backend") + 1] = "triton_attn"
+
+
 # Drifts that need a container of their own (the good one runs the recipe exactly), each changing one thing.
 DRIFTS = {
     # the amd64-labelled image, run as its recipe says, on an aarch64 profile
@@ -274,6 +279,8 @@ DRIFTS = {
     "retired_env": (RETIRED_ENV, lambda d: d["env"].update(VLLM_ATTENTION_BACKEND="TRITON_ATTN")),
     # an image that holds nvidia-cutlass-dsl 4.5.0 (a stand-in's record of it: see STAND_IN_DIST)
     "known_bad": (KNOWN_BAD, lambda d: d.update(image=KNOWN_BAD_IMAGE)),
+    # --attention-backend triton_attn, the guide's GB10 backend, which the CPU engine will not run: it runs CPU_ATTN
+    "refused_backend": (REFUSED_BACKEND, _gpu_backend),
 }
 
 
@@ -349,6 +356,14 @@ class TestAContainerThatDriftedOneWay:
         result.stdout.fnmatch_lines(["*expected: no \"Unknown vLLM environment variable\" in the log of the last "
                                      "start*", "*found:    vLLM * ignores VLLM_ATTENTION_BACKEND (the recipe sets it; "
                                      "replaced by the serve arg --attention-backend (the guide's: triton_attn))*"])
+
+    def test_a_backend_the_engine_will_not_run_fails_exactly_the_attention_backend_check(self, pytester, tmp_path,
+                                                                                         dock, drifted):
+        result, failed = run_against(pytester, tmp_path, dock, drifted["refused_backend"])
+        assert failed == ["CONT-ATTN-BACKEND"], result.stdout.str()[-4000:]
+        result.stdout.fnmatch_lines(["*expected: TRITON_ATTN (the recipe's --attention-backend triton_attn)*",
+                                     "*found:    CPU_ATTN: the engine would not run TRITON_ATTN (\"Cannot use "
+                                     "TRITON_ATTN backend on CPU\" in its log) and runs CPU_ATTN instead*"])
 
 
 def test_a_restart_policy_of_always_fails_the_restart_check(pytester, tmp_path, dock, good):

@@ -82,7 +82,25 @@ def test_the_attention_backend_chosen_and_an_fp8_kv_cache_on_unit_scales_are_rec
     assert (f.attention_backend, f.kv_unit_scale) == ("TRITON_ATTN", "fp8_e4m3")
     assert {k: f.summary()[k] for k in ("attention_backend", "kv_unit_scale")} == {
         "attention_backend": "TRITON_ATTN", "kv_unit_scale": "fp8_e4m3"}
-    assert (parse(CPU_LOG).attention_backend, parse(CPU_LOG).kv_unit_scale) == (None, None)  # the CPU engine: none
+    # The CPU engine names no backend: it runs CPU_ATTN for every model without MLA, and has no FP8 KV scales.
+    assert (parse(CPU_LOG).attention_backend, parse(CPU_LOG).kv_unit_scale) == ("CPU_ATTN", None)
+
+
+# vLLM 0.32's own lines for a backend asked for with --attention-backend: taken on the GPU platform (cuda.py's format
+# string, as it prints the enum) and refused by the CPU engine (as the CPU engine here logged it).
+TAKEN = "(EngineCore pid=860990) INFO 08-23 22:37:20 [cuda.py:446] Using AttentionBackendEnum.TRITON_ATTN backend.\n"
+REFUSED = ("(EngineCore pid=41) INFO 12-05 15:02:11 [cpu.py:178] Cannot use AttentionBackendEnum.TRITON_ATTN backend "
+           "on CPU.\n")
+
+
+def test_a_backend_asked_for_is_recorded_as_taken_or_refused():
+    lines = GPU_PINNED.splitlines(keepends=True)
+    taken = parse("".join(TAKEN if "attention backend out of" in line else line for line in lines))
+    assert (taken.attention_backend, taken.attention_refused) == ("TRITON_ATTN", None)
+    lines = CPU_LOG.splitlines(keepends=True)
+    refused = parse("".join(lines[:3] + [REFUSED] + lines[3:]))
+    assert (refused.attention_backend, refused.attention_refused) == ("CPU_ATTN", "TRITON_ATTN")
+    assert refused.summary()["attention_refused"] == "TRITON_ATTN"
 
 
 def test_an_unpinned_gpu_start_sized_from_free_memory():

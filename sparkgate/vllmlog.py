@@ -12,8 +12,10 @@ The lines are vLLM's own (v1 engine; the patterns follow its format strings, and
 - KV cache tokens and concurrency: "GPU KV cache size: N tokens" and "Maximum concurrency for L tokens per
   request: Cx" (one line or two, by version; "CPU KV cache size" on the CPU engine)
 - variables it ignores: "Unknown vLLM environment variable detected: VLLM_X" (a warning, one per variable)
-- the attention backend it chose: "Using TRITON_ATTN attention backend out of potential backends: [...]" (the GPU
-  platform; the CPU engine names none)
+- the attention backend it runs: chosen, "Using TRITON_ATTN attention backend out of potential backends: [...]";
+  asked for (--attention-backend) and taken, "Using AttentionBackendEnum.TRITON_ATTN backend." (the GPU platform);
+  asked for and refused by the CPU engine, "Cannot use AttentionBackendEnum.TRITON_ATTN backend on CPU." (it runs
+  CPU_ATTN instead, the one it runs for every model without MLA, and names it nowhere)
 - an FP8 KV cache running on unit scales: "Using KV cache scaling factor 1.0 for fp8_e4m3. If this is unintended,
   ..." (the checkpoint carries no calibrated k/v scales: the failure that took GSM8K from 0.78 to 0.025, vLLM
   PR #19292)
@@ -68,6 +70,9 @@ _ENFORCE_EAGER = re.compile(r"enforce_eager=(True|False)")
 _WEIGHTS = re.compile(rf"Model loading took {_NUM} GiB")
 _UNKNOWN_ENV = re.compile(r"Unknown vLLM environment variable detected: (VLLM_[A-Za-z0-9_]+)")  # a name, nothing else
 _ATTENTION = re.compile(r"Using (\w+) attention backend out of potential backends")
+_ATTENTION_TAKEN = re.compile(r"Using AttentionBackendEnum\.(\w+) backend\.")
+_ATTENTION_CPU_MLA = re.compile(r"Using ((?:AMX|CPU)_MLA) backend\.")
+_ATTENTION_REFUSED = re.compile(r"Cannot use AttentionBackendEnum\.(\w+) backend on CPU")
 _KV_UNIT_SCALE = re.compile(r"Using KV cache scaling factor 1\.0 for (\w+)")
 
 
@@ -95,7 +100,8 @@ class StartupFacts:
     graph_capture_gib: float | None = None
     starts: int = 0  # how many starts the log holds (a restarted container logs one per start)
     unknown_env: list[str] = field(default_factory=list)  # VLLM_ variables this vLLM does not read (ignored)
-    attention_backend: str | None = None  # as chosen, e.g. TRITON_ATTN, FLASH_ATTN (the GPU platform logs it)
+    attention_backend: str | None = None  # the one it runs, e.g. TRITON_ATTN, FLASH_ATTN, CPU_ATTN
+    attention_refused: str | None = None  # the one asked for that the CPU engine would not run
     kv_unit_scale: str | None = None  # the FP8 KV cache dtype running on scales of 1.0 (no calibrated k/v scales)
 
     @property
@@ -188,8 +194,12 @@ def parse(text: str) -> StartupFacts:
     if m := _CAPTURE_DONE.search(part):
         facts.graph_capture_gib = _f(m.group(2))
     facts.unknown_env = list(dict.fromkeys(_UNKNOWN_ENV.findall(part)))
-    if m := _ATTENTION.search(part):
+    if m := _ATTENTION.search(part) or _ATTENTION_TAKEN.search(part) or _ATTENTION_CPU_MLA.search(part):
         facts.attention_backend = m.group(1)
+    if m := _ATTENTION_REFUSED.search(part):
+        facts.attention_refused = m.group(1)
+    if facts.attention_backend is None and facts.device == "CPU":
+        facts.attention_backend = "CPU_ATTN"  # the CPU engine's for every model without MLA, never logged
     if m := _KV_UNIT_SCALE.search(part):
         facts.kv_unit_scale = m.group(1)
     return facts

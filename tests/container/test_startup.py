@@ -20,7 +20,7 @@ def test_the_startup_log_states_the_servers_facts(check, live, record_property):
     summary = f.summary()
     live.server.facts.update({f"startup_{k}": v for k, v in summary.items()})
     for key in ("version", "kv_cache_gib", "kv_tokens", "kv_bytes_per_token", "max_concurrency", "graph_mode",
-                "attention_backend", "kv_unit_scale", "unknown_env"):
+                "attention_backend", "attention_refused", "kv_unit_scale", "unknown_env"):
         if key in summary:
             record_property(key, summary[key])
     missing = [k for k in ("version", "kv_cache_gib", "kv_tokens") if getattr(f, k) is None]
@@ -127,6 +127,35 @@ def test_every_vllm_variable_is_one_vllm_reads(check, live, recipe):
                    f"{var} ({'the recipe sets it' if var in recipe.env else 'not the recipe: the image or the box'}"
                    + (f"; replaced by {_REPLACED[var]}" if var in _REPLACED else "") + ")"
                    for var in f.unknown_env))
+
+
+@pytest.mark.check(
+    "CONT-ATTN-BACKEND",
+    why="the attention backend is part of what the recipe measured: the guide's GB10 recipes ask for triton_attn "
+        "because they must (FlashAttention-2 cannot serve an FP8 KV cache on GB10, sm_121); a backend asked for and "
+        "not run (refused by the platform, or dropped by an upgrade) serves with other kernels, whose speed, memory "
+        "and answers are not the ones the recipe was tuned on",
+    fix="read the backend lines of the container's log (docker logs NAME 2>&1 | grep -i backend) and name in "
+        "--attention-backend a backend this platform and vLLM build run (vLLM's GPU platform refuses at start one "
+        "it cannot run; the CPU engine runs CPU_ATTN alone), or take the flag out and let the engine choose",
+)
+def test_the_engine_runs_the_attention_backend_the_recipe_asks_for(check, live, recipe):
+    """The attention backend the engine runs MUST be the one the recipe's --attention-backend asks for."""
+    asked = recipe.args.value("--attention-backend")
+    if not asked or asked.lower() == "auto":
+        check.cannot_run(f"recipe {recipe.name} asks for no attention backend (the engine chooses)",
+                         "name the backend the recipe needs with --attention-backend in its serve_args")
+    f = live.facts
+    if f.version is None:
+        check.cannot_run("the container's log does not state the server's start (see CONT-LOG-FACTS)")
+    if f.attention_backend is None:
+        check.cannot_run(f"the log of the last start names no attention backend (vLLM {f.version})")
+    found = f.attention_backend
+    if f.attention_refused:
+        found = (f"{f.attention_backend}: the engine would not run {f.attention_refused} (\"Cannot use "
+                 f"{f.attention_refused} backend on {f.device}\" in its log) and runs {f.attention_backend} instead")
+    check.that(f.attention_backend == asked.upper() and not f.attention_refused,
+               expected=f"{asked.upper()} (the recipe's --attention-backend {asked})", found=found)
 
 
 @pytest.mark.check(
