@@ -65,16 +65,19 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
+    def _plain(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def _forward(self, method: str) -> None:
         _, way, *rest = self.path.split("/", 2)
         path = "/" + (rest[0] if rest else "")
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
         if way == "v1-only" and not path.startswith("/v1/"):
-            self.send_response(404)
-            self.send_header("content-type", "text/plain")
-            self.send_header("content-length", "9")
-            self.end_headers()
-            self.wfile.write(b"not found")
+            self._plain(404, "text/plain", b"not found")
             return
         if way == "openai-only" and method == "POST" and body:
             try:
@@ -93,22 +96,14 @@ class Handler(BaseHTTPRequestHandler):
         request = self.upstream.build_request(method, path, content=body or None, headers=headers)
         try:
             answer = self.upstream.send(request, stream=True)
-        except httpx.HTTPError as exc:  # the engine unreachable: a 502 saying so, as a proxy answers
-            text = f"bad gateway: {type(exc).__name__}: {exc}".encode()
-            self.send_response(502)
-            self.send_header("content-type", "text/plain")
-            self.send_header("content-length", str(len(text)))
-            self.end_headers()
-            self.wfile.write(text)
+        except httpx.HTTPError as exc:  # the engine unreachable or silent: a 502 or 504 saying so, as a proxy answers
+            timed_out = isinstance(exc, httpx.TimeoutException)
+            self._plain(504 if timed_out else 502, "text/plain", f"{type(exc).__name__}: {exc}".encode())
             return
         try:
             if way == "errors-500" and 400 <= answer.status_code < 500:
                 answer.read()
-                self.send_response(500)
-                self.send_header("content-type", "text/html")
-                self.send_header("content-length", str(len(BARE_500)))
-                self.end_headers()
-                self.wfile.write(BARE_500)
+                self._plain(500, "text/html", BARE_500)
                 return
             self.send_response(answer.status_code)
             self.send_header("content-type", answer.headers.get("content-type", "application/json"))
@@ -128,14 +123,17 @@ class Handler(BaseHTTPRequestHandler):
         self._forward("POST")
 
 
+class Server(ThreadingHTTPServer):
+    request_queue_size = 128  # several suites at once, each with a batch of requests in flight
+    daemon_threads = True
+
+
 def main() -> None:
     # A connection of its own per request upstream, as downstream (every answer ends with the close): a pooled one
     # the engine is closing as it idles out would drop a request the engine never saw.
     Handler.upstream = httpx.Client(base_url=sys.argv[2], timeout=httpx.Timeout(600, connect=10),
                                     limits=httpx.Limits(max_keepalive_connections=0))
-    ThreadingHTTPServer.request_queue_size = 128  # several suites at once, each with a batch of requests in flight
-    server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
-    server.daemon_threads = True
+    server = Server(("127.0.0.1", int(sys.argv[1])), Handler)
     server.serve_forever()
 
 

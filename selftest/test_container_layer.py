@@ -361,9 +361,10 @@ class TestAContainerThatDriftedOneWay:
                                                                                          dock, drifted):
         result, failed = run_against(pytester, tmp_path, dock, drifted["refused_backend"])
         assert failed == ["CONT-ATTN-BACKEND"], result.stdout.str()[-4000:]
-        result.stdout.fnmatch_lines(["*expected: TRITON_ATTN (the recipe's --attention-backend triton_attn)*",
+        result.stdout.fnmatch_lines(["*expected: TRITON_ATTN (asked for by the recipe's serve args), and no other*",
                                      "*found:    CPU_ATTN: the engine would not run TRITON_ATTN (\"Cannot use "
-                                     "TRITON_ATTN backend on CPU\" in its log) and runs CPU_ATTN instead*"])
+                                     "AttentionBackendEnum.TRITON_ATTN backend on CPU.\" in its log) and runs "
+                                     "CPU_ATTN instead*"])
 
 
 def test_a_restart_policy_of_always_fails_the_restart_check(pytester, tmp_path, dock, good):

@@ -105,3 +105,17 @@ def test_a_gguf_of_a_gdn_hybrid_is_refused_and_native_checkpoints_are_not():
     gguf = CODER.model_copy(update={"model": CODER.model.model_copy(update={"format": "gguf"})})
     assert "about 160 GB" in gguf_of_gdn_hybrid(gguf)
     assert gguf_of_gdn_hybrid(CODER) is None
+
+
+@pytest.mark.parametrize("args, asked", [
+    (["--attention-backend", "triton_attn"], ("TRITON_ATTN", "")),
+    (["--attention-backend=FLASHINFER"], ("FLASHINFER", "")),
+    (["--attention-config", '{"backend": "triton_attn"}'], ("TRITON_ATTN", "")),
+    (["--attention-config", '{"backend_per_kind": {"full": "FLASHINFER"}}'],
+     (None, "--attention-config names a backend per kind of layer")),
+    (["--attention-backend", "auto"], (None, "its attention backend auto is taken as auto")),
+    (["--attention-backend", "TRITON_MSA"], (None, "its attention backend TRITON_MSA is taken as auto")),
+    (["--max-num-seqs", "4"], (None, "the engine chooses")),
+])
+def test_the_attention_backend_a_recipe_asks_for_is_read_as_vllm_reads_it(args, asked):
+    assert ServeArgs(["m", *args]).attention_backend == asked

@@ -4,6 +4,7 @@ on a socket the server is closing (a lost request the box is not to blame for)."
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -25,25 +26,27 @@ def test_the_servers_keepalive_is_vllms_own():
 
 
 @pytest.fixture(scope="module")
-def server():
+def server() -> Iterator[str]:
     """A real uvicorn server that closes idle connections as vLLM's does, answering with the client's port (which
     names the connection a request came on)."""
     async def port(request: Request) -> PlainTextResponse:
         return PlainTextResponse(str(request.client.port))
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        free = s.getsockname()[1]
-    config = uvicorn.Config(Starlette(routes=[Route("/", port)]), host="127.0.0.1", port=free,
-                            timeout_keep_alive=SERVER_KEEPALIVE_S, log_level="warning")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # bound here and handed over: no other process can take the port in between
+    config = uvicorn.Config(Starlette(routes=[Route("/", port)]), timeout_keep_alive=SERVER_KEEPALIVE_S,
+                            log_level="warning")
     srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
+    deadline = time.monotonic() + 30
     while not srv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{free}"
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     srv.should_exit = True
     thread.join(10)
+    sock.close()
 
 
 def ports_after_idle(url: str, client_limits: httpx.Limits, idle_s: float) -> tuple[str, str]:

@@ -79,11 +79,11 @@ def test_a_pinned_gpu_start():
 
 def test_the_attention_backend_chosen_and_an_fp8_kv_cache_on_unit_scales_are_recorded():
     f = parse(GPU_PINNED)
-    assert (f.attention_backend, f.kv_unit_scale) == ("TRITON_ATTN", "fp8_e4m3")
+    assert (f.attention_backends, f.kv_unit_scale) == (["TRITON_ATTN"], "fp8_e4m3")
     assert {k: f.summary()[k] for k in ("attention_backend", "kv_unit_scale")} == {
         "attention_backend": "TRITON_ATTN", "kv_unit_scale": "fp8_e4m3"}
     # The CPU engine names no backend: it runs CPU_ATTN for every model without MLA, and has no FP8 KV scales.
-    assert (parse(CPU_LOG).attention_backend, parse(CPU_LOG).kv_unit_scale) == ("CPU_ATTN", None)
+    assert (parse(CPU_LOG).attention_backends, parse(CPU_LOG).kv_unit_scale) == (["CPU_ATTN"], None)
 
 
 # vLLM 0.32's own lines for a backend asked for with --attention-backend: taken on the GPU platform (cuda.py's format
@@ -96,10 +96,14 @@ REFUSED = ("(EngineCore pid=41) INFO 12-05 15:02:11 [cpu.py:178] Cannot use Atte
 def test_a_backend_asked_for_is_recorded_as_taken_or_refused():
     lines = GPU_PINNED.splitlines(keepends=True)
     taken = parse("".join(TAKEN if "attention backend out of" in line else line for line in lines))
-    assert (taken.attention_backend, taken.attention_refused) == ("TRITON_ATTN", None)
+    assert (taken.attention_backends, taken.attention_refused) == (["TRITON_ATTN"], None)
+    # one kind of layer asked for, the rest chosen (--attention-config backend_per_kind): both are named
+    both = parse("".join(lines[:5] + [TAKEN.replace("TRITON_ATTN", "FLASHINFER")] + lines[5:]))
+    assert both.attention_backends == ["TRITON_ATTN", "FLASHINFER"]
+    assert both.summary()["attention_backend"] == "TRITON_ATTN, FLASHINFER"
     lines = CPU_LOG.splitlines(keepends=True)
     refused = parse("".join(lines[:3] + [REFUSED] + lines[3:]))
-    assert (refused.attention_backend, refused.attention_refused) == ("CPU_ATTN", "TRITON_ATTN")
+    assert (refused.attention_backends, refused.attention_refused) == (["CPU_ATTN"], "TRITON_ATTN")
     assert refused.summary()["attention_refused"] == "TRITON_ATTN"
 
 

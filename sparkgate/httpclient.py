@@ -15,5 +15,6 @@ KEEPALIVE_S = 2.0
 
 
 def limits(max_connections: int | None = 100) -> httpx.Limits:
-    """httpx's limits with idle connections let go after KEEPALIVE_S (httpx's default maximum otherwise)."""
+    """httpx's limits: at most `max_connections` (None: no bound), idle ones let go after KEEPALIVE_S. (A server
+    whose VLLM_HTTP_TIMEOUT_KEEP_ALIVE is set below KEEPALIVE_S would need less.)"""
     return httpx.Limits(max_connections=max_connections, keepalive_expiry=KEEPALIVE_S)

@@ -15,6 +15,8 @@ from .units import GIB, parse_flag_bytes, parse_tokens
 
 # Flags whose value is a secret: never printed (sparkgate.redact masks them), sent as the client's key.
 SECRET_FLAGS = ("--api-key", "--hf-token", "--token", "--password", "--ssl-keyfile-password")
+# --attention-backend values vLLM takes as "auto" for a model's ordinary layers (MiniMax-M3's sparse-attention ones)
+_AUTO_BACKENDS = {"AUTO", "TRITON_MSA", "CUTLASS_MSA"}
 
 
 def parse_flags(argv: Sequence[str]) -> dict[str, list[str]]:
@@ -123,6 +125,22 @@ class ServeArgs:
     @property
     def mtp(self) -> bool:
         return (self.speculative or {}).get("method") == "mtp"
+
+    @property
+    def attention_backend(self) -> tuple[str | None, str]:
+        """The one attention backend the engine is asked to run (upper case, as vLLM names it), from
+        --attention-backend or --attention-config's "backend"; else None, with why."""
+        asked = self.value("--attention-backend")
+        config = self.json("--attention-config")
+        if asked is None and isinstance(config, dict):
+            if config.get("backend_per_kind"):
+                return None, "--attention-config names a backend per kind of layer"
+            asked = config.get("backend") if isinstance(config.get("backend"), str) else None
+        if not asked:
+            return None, "the engine chooses"
+        if asked.upper() in _AUTO_BACKENDS:
+            return None, f"its attention backend {asked} is taken as auto"
+        return asked.upper(), ""
 
     @property
     def enforce_eager(self) -> bool:

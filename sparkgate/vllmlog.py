@@ -69,9 +69,9 @@ _CUDAGRAPH_MODE = [
 _ENFORCE_EAGER = re.compile(r"enforce_eager=(True|False)")
 _WEIGHTS = re.compile(rf"Model loading took {_NUM} GiB")
 _UNKNOWN_ENV = re.compile(r"Unknown vLLM environment variable detected: (VLLM_[A-Za-z0-9_]+)")  # a name, nothing else
-_ATTENTION = re.compile(r"Using (\w+) attention backend out of potential backends")
-_ATTENTION_TAKEN = re.compile(r"Using AttentionBackendEnum\.(\w+) backend\.")
-_ATTENTION_CPU_MLA = re.compile(r"Using ((?:AMX|CPU)_MLA) backend\.")
+# chosen by the engine, asked for and taken (GPU), the CPU engine's MLA backends: every one the start names
+_ATTENTION = re.compile(r"Using (\w+) attention backend out of potential backends|Using AttentionBackendEnum\.(\w+) "
+                        r"backend\.|Using ((?:AMX|CPU)_MLA) backend\.")
 _ATTENTION_REFUSED = re.compile(r"Cannot use AttentionBackendEnum\.(\w+) backend on CPU")
 _KV_UNIT_SCALE = re.compile(r"Using KV cache scaling factor 1\.0 for (\w+)")
 
@@ -100,7 +100,7 @@ class StartupFacts:
     graph_capture_gib: float | None = None
     starts: int = 0  # how many starts the log holds (a restarted container logs one per start)
     unknown_env: list[str] = field(default_factory=list)  # VLLM_ variables this vLLM does not read (ignored)
-    attention_backend: str | None = None  # the one it runs, e.g. TRITON_ATTN, FLASH_ATTN, CPU_ATTN
+    attention_backends: list[str] = field(default_factory=list)  # the ones it runs, e.g. TRITON_ATTN, CPU_ATTN
     attention_refused: str | None = None  # the one asked for that the CPU engine would not run
     kv_unit_scale: str | None = None  # the FP8 KV cache dtype running on scales of 1.0 (no calibrated k/v scales)
 
@@ -129,6 +129,9 @@ class StartupFacts:
             out["graph_captures"] = "; ".join(self.graph_captures)
         if self.unknown_env:
             out["unknown_env"] = ", ".join(self.unknown_env)
+        if self.attention_backends:
+            del out["attention_backends"]
+            out["attention_backend"] = ", ".join(self.attention_backends)
         if (bpt := self.bytes_per_token) is not None:
             out["kv_bytes_per_token"] = f"{bpt:.0f}"
         if (mode := self.graph_mode) is not None:
@@ -194,12 +197,13 @@ def parse(text: str) -> StartupFacts:
     if m := _CAPTURE_DONE.search(part):
         facts.graph_capture_gib = _f(m.group(2))
     facts.unknown_env = list(dict.fromkeys(_UNKNOWN_ENV.findall(part)))
-    if m := _ATTENTION.search(part) or _ATTENTION_TAKEN.search(part) or _ATTENTION_CPU_MLA.search(part):
-        facts.attention_backend = m.group(1)
+    facts.attention_backends = list(dict.fromkeys(next(filter(None, m.groups())) for m in _ATTENTION.finditer(part)))
     if m := _ATTENTION_REFUSED.search(part):
         facts.attention_refused = m.group(1)
-    if facts.attention_backend is None and facts.device == "CPU":
-        facts.attention_backend = "CPU_ATTN"  # the CPU engine's for every model without MLA, never logged
+    if not facts.attention_backends and facts.device == "CPU":
+        # What vLLM's CPU engine runs for every model without MLA, and never logs (older CPU builds named theirs
+        # TORCH_SDPA). A vision tower's own lines ("Using backend X for vit attention") are not the model's.
+        facts.attention_backends = ["CPU_ATTN"]
     if m := _KV_UNIT_SCALE.search(part):
         facts.kv_unit_scale = m.group(1)
     return facts

@@ -117,25 +117,25 @@ def sdk_args(body):
 )
 def test_the_openai_client_gets_the_known_answers_streamed_and_not(check, server, endpoint):
     """The official openai client, retries off, MUST get the known answers, streamed and not."""
-    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key or "sparkgate", max_retries=0,
-                           timeout=300, http_client=openai.DefaultHttpxClient(limits=limits(1000)))
     wrong = []
-    try:
-        for probe in COHERENCE:
+    with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key or "sparkgate", max_retries=0,
+                       timeout=300, http_client=openai.DefaultHttpx2Client(limits=limits(1000))) as client:
+        try:
+            for probe in COHERENCE:
+                body = chat_body(server.served_name, probe.prompt, max_tokens=24)
+                completion = client.chat.completions.create(**sdk_args(body))
+                message = completion.choices[0].message.model_dump()
+                endpoint.clean(message, body, label=f"{probe.prompt!r} (openai client)")
+                if not probe.answered(message.get("content") or ""):
+                    wrong.append(f"{probe.prompt!r} -> {message.get('content')!r} (expected {probe.answer!r})")
+            probe = COHERENCE[0]
             body = chat_body(server.served_name, probe.prompt, max_tokens=24)
-            completion = client.chat.completions.create(**sdk_args(body))
-            message = completion.choices[0].message.model_dump()
-            endpoint.clean(message, body, label=f"{probe.prompt!r} (openai client)")
-            if not probe.answered(message.get("content") or ""):
-                wrong.append(f"{probe.prompt!r} -> {message.get('content')!r} (expected {probe.answer!r})")
-        probe = COHERENCE[0]
-        body = chat_body(server.served_name, probe.prompt, max_tokens=24)
-        chunks = list(client.chat.completions.create(**sdk_args(body), stream=True,
-                                                     stream_options={"include_usage": True}))
-    except openai.OpenAIError as exc:
-        check.that(False, expected="the openai client completes every request",
-                   found=f"{type(exc).__name__}: {exc}"
-                         + (f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""))
+            chunks = list(client.chat.completions.create(**sdk_args(body), stream=True,
+                                                         stream_options={"include_usage": True}))
+        except openai.OpenAIError as exc:
+            check.that(False, expected="the openai client completes every request",
+                       found=f"{type(exc).__name__}: {exc}"
+                             + (f" ({type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     endpoint.clean({"content": text}, body, label=f"{probe.prompt!r} (openai client, streamed)")
     if not probe.answered(text):
