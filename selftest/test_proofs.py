@@ -2,7 +2,7 @@
 
 import json
 
-from selftest.proofs import proofs, table
+from selftest.proofs import WHY_NOT_YET, _registry, proofs, table
 
 
 def _lines(*entries):
@@ -29,3 +29,14 @@ def test_the_table_lists_the_checks_not_proven_both_ways_first():
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert rows[-1] == "| `HOST-ARCH` | `good` | `broken` |"
     assert "1 of " in text and "`HOST-GPU`" in text.split("not yet:")[1].split("\n")[0]
+
+
+def test_every_check_not_proven_says_why_under_the_table():
+    text = table({"HOST-ARCH": {"green": ["t.py::good"]}, "CONT-EAGER": {}}, "a log")
+    why = text.split("Why not yet:")[1]
+    assert f"- `CONT-EAGER`: {WHY_NOT_YET['CONT-EAGER']}" in why
+    assert "- `HOST-ARCH`: **no reason stated**" in why  # proven green only: it must say why not red
+
+
+def test_every_reason_names_a_check_that_exists():
+    assert set(WHY_NOT_YET) <= set(_registry())
