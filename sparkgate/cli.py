@@ -85,6 +85,12 @@ def compare_doc() -> str:
     return compare.__doc__ or ""
 
 
+def fleet_doc() -> str:
+    from . import fleet
+
+    return fleet.__doc__ or ""
+
+
 def _load_or_say(path: Path) -> Any:
     """A results file, or None after saying (on stderr) why it cannot be read."""
     from pydantic import ValidationError
@@ -143,6 +149,21 @@ def table_of(args: argparse.Namespace) -> int:
     return 0
 
 
+def fleet_of(args: argparse.Namespace) -> int:
+    from .fleet import differences, names, report
+
+    loaded = {str(p): _load_or_say(p) for p in args.files}
+    if any(r is None for r in loaded.values()):
+        return 2
+    if len(loaded) < 2:
+        print("sparkgate: a fleet is two boxes or more: give one results file per box", file=sys.stderr)
+        return 2
+    boxes = names(loaded)
+    differ, agree, partial = differences(boxes)
+    print(report(boxes, differ, agree, partial), end="")
+    return 1 if differ else 0
+
+
 def validate_files(args: argparse.Namespace) -> int:
     from .results import problems
 
@@ -196,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     tab.add_argument("files", type=Path, nargs="+", metavar="FILE")
     tab.add_argument("--format", default="md", choices=FORMATS, help="(default: md)")
     tab.add_argument("-o", "--output", type=Path, default=None, metavar="PATH", help="(default: the terminal)")
+    fleet = sub.add_parser("fleet", help="one results file per box: which box differs from the others, and in what; "
+                                         "exit 1 when they differ", description=fleet_doc(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    fleet.add_argument("files", type=Path, nargs="+", metavar="FILE")
     val = sub.add_parser("validate", help="schema, completeness and method versions, before submitting")
     val.add_argument("files", type=Path, nargs="+", metavar="FILE")
     guard = sub.add_parser("guard", help="a pass-through proxy that stores the requests that produced garbage")
@@ -224,8 +249,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(Results.model_json_schema(), indent=2))
         return 0
-    if args.cmd in ("compare", "table", "validate"):
-        return {"compare": compare_files, "table": table_of, "validate": validate_files}[args.cmd](args)
+    if args.cmd in ("compare", "table", "validate", "fleet"):
+        return {"compare": compare_files, "table": table_of, "validate": validate_files,
+                "fleet": fleet_of}[args.cmd](args)
     try:
         all_recipes = load_recipes(Path(args.recipes_dir))
     except RecipeError as exc:

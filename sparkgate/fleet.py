@@ -1,0 +1,112 @@
+"""Where boxes that should agree do not: a fleet's results files (one per box, `--results-json`), compared field by
+field. Owners of several Sparks run the suite on each box in turn; a box on another driver, kernel, image build,
+vLLM version or recipe than the rest serves differently, and its figures do not compare with theirs.
+
+    sparkgate fleet spark01.json spark02.json spark03.json
+
+names, for each field the boxes do not share, the box that differs (the one not holding the value most boxes hold)
+and what it has; with no majority (two boxes, or a tie) every box is named with its value. Exit 0: the boxes agree
+on every field they all recorded; 1: they differ; 2: a file could not be read, or fewer than two boxes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from .redact import printable
+from .results import Results
+
+
+@dataclass(frozen=True)
+class Difference:
+    field: str
+    values: dict[str, list[str]]  # value -> the boxes that hold it, the most held first
+
+    @property
+    def majority(self) -> bool:
+        """One value is held by more boxes than any other."""
+        counts = [len(b) for b in self.values.values()]
+        return counts.count(counts[0]) == 1
+
+    @property
+    def odd(self) -> list[str]:
+        """The boxes not holding the value most boxes hold; all of them when there is no such value."""
+        held = list(self.values.values())
+        return [box for boxes in (held[1:] if self.majority else held) for box in boxes]
+
+
+def fields(r: Results) -> dict[str, str]:
+    """What a box should share with the others of its fleet, by field name: the box, its driver stack, the suite,
+    and per recipe it ran: the recipe file, what it served (model, image, flags), the image build and vLLM."""
+    out: dict[str, str] = {"sparkgate": r.suite.version}
+    if s := r.system:
+        out |= {"arch": s.arch, "os": s.os, "kernel": s.kernel, "GPUs": ", ".join(s.gpus) or "none",
+                "driver": s.driver or "none"}
+    if h := r.host:
+        out |= {"NVIDIA kernel module": h.nvidia_module_version or "none", "docker": h.docker or "none"}
+    for run in r.recipes:
+        name = printable(run.recipe, 64)
+        out |= {f"{name}: recipe digest": run.recipe_digest,
+                f"{name}: serving digest": run.serving_digest,
+                f"{name}: image": run.image or "none (a process)",
+                f"{name}: image id": run.image_id or "none",
+                f"{name}: image digest": run.image_digest or "none",
+                f"{name}: vLLM version": run.vllm_version or "none"}
+    return out
+
+
+def names(files: dict[str, Results]) -> dict[str, Results]:
+    """Each box by its hostname (the file's name beside it where two files name one host), in the files' order."""
+    hosts = {f: printable(r.system.hostname if r.system else (r.host.target if r.host else "?"), 64)
+             for f, r in files.items()}
+    taken = Counter(hosts.values())
+    return {(h if taken[h] == 1 else f"{h} ({printable(f, 120)})"): files[f] for f, h in hosts.items()}
+
+
+def differences(boxes: dict[str, Results]) -> tuple[list[Difference], list[str], dict[str, list[str]]]:
+    """(the fields the boxes differ in, the fields they agree in, the fields only some boxes recorded -> those
+    boxes): every field is compared among the boxes that recorded it, by at least two."""
+    per_box = {box: fields(r) for box, r in boxes.items()}
+    order = list(dict.fromkeys(k for f in per_box.values() for k in f))
+    differ, agree, partial = [], [], {}
+    for field in order:
+        held = {box: f[field] for box, f in per_box.items() if field in f}
+        if len(held) < len(boxes):
+            partial[field] = list(held)
+        if len(held) < 2:
+            continue
+        counts = Counter(held.values())
+        if len(counts) == 1:
+            agree.append(field)
+            continue
+        values = {v: [b for b, x in held.items() if x == v] for v, _ in counts.most_common()}
+        differ.append(Difference(field, values))
+    return differ, agree, partial
+
+
+def _holding(boxes: list[str], value: str) -> str:
+    return f"{', '.join(boxes)} {'has' if len(boxes) == 1 else 'have'} {value}"
+
+
+def report(boxes: dict[str, Results], differ: list[Difference], agree: list[str],
+           partial: dict[str, list[str]]) -> str:
+    lines = [f"fleet of {len(boxes)} boxes: {', '.join(boxes)}"]
+    for d in differ:
+        shown = [(printable(v, 120), b) for v, b in d.values.items()]
+        if d.majority:
+            (most, held), rest = shown[0], shown[1:]
+            lines.append(f"DIFFERS {d.field}: {'; '.join(_holding(b, v) for v, b in rest)}; the other {len(held)} "
+                         f"({', '.join(held)}) have {most}")
+        else:
+            lines.append(f"DIFFERS {d.field} (no value most boxes share): "
+                         + "; ".join(_holding(b, v) for v, b in shown))
+    if differ:
+        lines.append(f"{len({b for d in differ for b in d.odd})} box(es) differ in {len(differ)} field(s): their "
+                     "figures compare with the others' only where these do not matter; align them (the same driver "
+                     "and kernel, the recipe's image pulled on every box, one version of the suite) and run again")
+    lines.append(f"agree ({len(agree)}): " + (", ".join(agree) or "nothing"))
+    if partial:
+        lines.append("not recorded by every box (compared among those that did): "
+                     + "; ".join(f"{k} ({', '.join(v)})" for k, v in partial.items()))
+    return "\n".join(lines) + "\n"
