@@ -48,14 +48,14 @@ def test_the_box_on_another_driver_is_named_with_its_driver_and_module(results):
     assert (f"DIFFERS NVIDIA kernel module: spark02 has {OLD_DRIVER}; the other 2 (spark01, spark03) have "
             f"{DEFAULT_DRIVER}") in lines
     assert "1 box(es) differ in 2 field(s)" in run.stdout
-    agree = next(line for line in lines if line.startswith("agree ("))
-    assert all(f in agree for f in ("sparkgate", "arch", "os", "kernel", "GPUs", "docker")), agree
+    agree = next(line for line in lines if line.startswith("agree (")).split(": ", 1)[1].split(", ")
+    assert agree == ["sparkgate", "arch", "os", "kernel", "GPUs", "docker"], agree
 
 
 def test_boxes_that_agree_exit_0(results):
     run = fleet(results["spark01"], results["spark03"])
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "DIFFERS" not in run.stdout and "driver" in run.stdout.split("agree (")[1]
+    assert "DIFFERS" not in run.stdout and "driver" in run.stdout.split("agree (")[1].split(", ")
 
 
 def test_two_boxes_that_differ_are_both_named_with_their_values(results):
@@ -76,17 +76,43 @@ def test_one_host_in_two_files_is_told_apart_by_file_and_what_a_file_says_is_pri
     again.write_bytes(results["spark01"].read_bytes())
     run = fleet(results["spark01"], evil, again)
     assert "\x1b" not in run.stdout and "spark01?[2J has" in run.stdout, run.stdout
-    assert run.stdout.splitlines()[0] == f"fleet of 3 boxes: spark01 ({results['spark01']}), spark01?[2J, spark01 " \
-                                         f"({again})", run.stdout
+    assert run.stdout.splitlines()[0] == ("fleet of 3 boxes: spark01 (spark01.json), spark01?[2J, spark01 "
+                                          "(spark01-again.json)"), run.stdout
 
 
-def test_fewer_than_two_files_or_one_unreadable_is_a_clear_error(results, tmp_path):
+def test_every_file_is_a_box_even_where_names_and_long_values_collide(results, tmp_path):
+    """Files in folders of long names, and a hostname that reads like another box's label, MUST each stay a box of
+    their own; a long GPU list MUST be printed whole, so two lists that differ at the end print differently."""
+    deep = tmp_path / ("x" * 100) / ("y" * 100)
+    base = json.loads(results["spark01"].read_text())
+    files = []
+    for i, (host, gpus) in enumerate([("spark01", 8), ("spark01", 8), ("spark01 (c.json)", 7)]):
+        data = json.loads(json.dumps(base))
+        data["system"] |= {"hostname": host, "gpus": ["NVIDIA H100 80GB HBM3 (cc 9.0)"] * gpus}
+        files.append(deep / f"{'abc'[i]}.json")
+        files[-1].parent.mkdir(parents=True, exist_ok=True)
+        files[-1].write_text(json.dumps(data))
+    run = fleet(*files)
+    assert run.stdout.splitlines()[0] == "fleet of 3 boxes: spark01 (a.json), spark01 (b.json), spark01 (c.json)", \
+        run.stdout
+    gpus = next(line for line in run.stdout.splitlines() if line.startswith("DIFFERS GPUs"))
+    assert gpus.count("(cc 9.0)") == 15, gpus
+
+
+def test_fewer_than_two_files_the_same_file_twice_or_one_unreadable_is_a_clear_error(results, tmp_path):
     one = fleet(results["spark01"])
     assert one.returncode == 2 and "a fleet is two boxes or more" in one.stderr
+    twice = fleet(results["spark01"], results["spark01"].parent / "." / results["spark01"].name)
+    assert twice.returncode == 2 and "a file is given twice" in twice.stderr
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     unreadable = fleet(results["spark01"], bad)
     assert unreadable.returncode == 2 and f"{bad} is not a sparkgate results file" in unreadable.stderr
+    hostile = json.loads(results["spark01"].read_text())
+    hostile["recipes"] = [{"recipe": "r", "floors": {"\x1b]0;pwned\x07": "fast"}}]
+    bad.write_text(json.dumps(hostile))
+    said = fleet(results["spark01"], bad).stderr
+    assert "\x1b" not in said and "\x07" not in said and "floors.?]0;pwned?" in said, said
 
 
 def test_the_odd_boxes_are_those_off_the_value_most_hold_or_all_on_a_tie():
@@ -110,6 +136,7 @@ def test_a_recipe_served_on_another_vllm_is_named_and_one_served_on_one_box_only
         files.append(tmp_path / f"{name}.json")
         files[-1].write_text(json.dumps(data))
     run = fleet(*files)
+    assert run.returncode == 1, run.stdout + run.stderr
     assert "DIFFERS r: vLLM version: spark02 has 0.31.1; the other 2 (spark01, spark03) have 0.32.0" in run.stdout
-    assert "r: recipe digest" in run.stdout.split("agree (")[1], run.stdout
-    assert "only-here: vLLM version (spark03)" in run.stdout.split("not recorded by every box")[1], run.stdout
+    assert "r: recipe digest" in run.stdout.split("agree (")[1].split("\n")[0].split(", "), run.stdout
+    assert "only-here: vLLM version (spark03)" in run.stdout.split("recorded by one box only, not compared: ")[1]

@@ -36,7 +36,7 @@ from .launch.container_spec import docker_run
 from .launch.process_launcher import ProcessLauncher
 from .proc import cache_dir
 from .recipes import FLOOR_CHECKS, FLOOR_SHARE, RECIPES_DIR, Recipe, RecipeError, load_recipes
-from .redact import mask, secrets_of
+from .redact import mask, printable, secrets_of
 
 
 def describe(recipe: Recipe) -> str:
@@ -103,9 +103,9 @@ def _load_or_say(path: Path) -> Any:
         print(f"sparkgate: {path}: {exc.strerror}", file=sys.stderr)
     except ValidationError as exc:  # before ValueError: it is one
         print(f"sparkgate: {path} is not a sparkgate results file ({exc.error_count()} problem(s)):", file=sys.stderr)
-        for e in exc.errors()[:10]:
+        for e in exc.errors()[:10]:  # the location names the file's own keys: printed inert
             where = ".".join(str(x) for x in e["loc"]) or "the file"
-            print(f"  {where}: {e['msg']}", file=sys.stderr)
+            print(f"  {printable(where, 200)}: {printable(e['msg'])}", file=sys.stderr)
     except ValueError as exc:
         print(f"sparkgate: {path} is not a sparkgate results file: {exc}", file=sys.stderr)
     return None
@@ -152,11 +152,14 @@ def table_of(args: argparse.Namespace) -> int:
 def fleet_of(args: argparse.Namespace) -> int:
     from .fleet import differences, names, report
 
-    loaded = {str(p): _load_or_say(p) for p in args.files}
-    if any(r is None for r in loaded.values()):
+    if len({p.resolve() for p in args.files}) < len(args.files):
+        print("sparkgate: a file is given twice: give one results file per box", file=sys.stderr)
         return 2
-    if len(loaded) < 2:
+    if len(args.files) < 2:
         print("sparkgate: a fleet is two boxes or more: give one results file per box", file=sys.stderr)
+        return 2
+    loaded = [(p, _load_or_say(p)) for p in args.files]
+    if any(r is None for _, r in loaded):
         return 2
     boxes = names(loaded)
     differ, agree, partial = differences(boxes)

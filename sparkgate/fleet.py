@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from .redact import printable
 from .results import Results
@@ -56,17 +57,23 @@ def fields(r: Results) -> dict[str, str]:
     return out
 
 
-def names(files: dict[str, Results]) -> dict[str, Results]:
-    """Each box by its hostname (the file's name beside it where two files name one host), in the files' order."""
-    hosts = {f: printable(r.system.hostname if r.system else (r.host.target if r.host else "?"), 64)
-             for f, r in files.items()}
-    taken = Counter(hosts.values())
-    return {(h if taken[h] == 1 else f"{h} ({printable(f, 120)})"): files[f] for f, h in hosts.items()}
+def names(files: list[tuple[Path, Results]]) -> dict[str, Results]:
+    """Each box by its hostname, in the files' order: where two files name one host, the file's name beside it;
+    a file that records no host, by its file name; a name still taken, numbered. Every file is a box of its own."""
+    hosts = [printable(r.system.hostname, 64) if r.system else f"({printable(path.name, 64)})" for path, r in files]
+    taken = Counter(hosts)
+    out: dict[str, Results] = {}
+    for i, ((path, r), host) in enumerate(zip(files, hosts, strict=True)):
+        label = host if taken[host] == 1 else f"{host} ({printable(path.name, 64)})"
+        while label in out:  # a hostname that reads like another's label, or two files of one name
+            label = f"{label} #{i + 1}"
+        out[label] = r
+    return out
 
 
 def differences(boxes: dict[str, Results]) -> tuple[list[Difference], list[str], dict[str, list[str]]]:
-    """(the fields the boxes differ in, the fields they agree in, the fields only some boxes recorded -> those
-    boxes): every field is compared among the boxes that recorded it, by at least two."""
+    """(the fields the boxes differ in, the fields they agree in, the fields not every box recorded -> the boxes
+    that did): a field is compared among the boxes that recorded it, when at least two did."""
     per_box = {box: fields(r) for box, r in boxes.items()}
     order = list(dict.fromkeys(k for f in per_box.values() for k in f))
     differ, agree, partial = [], [], {}
@@ -93,7 +100,7 @@ def report(boxes: dict[str, Results], differ: list[Difference], agree: list[str]
            partial: dict[str, list[str]]) -> str:
     lines = [f"fleet of {len(boxes)} boxes: {', '.join(boxes)}"]
     for d in differ:
-        shown = [(printable(v, 120), b) for v, b in d.values.items()]
+        shown = [(printable(v, 1000), b) for v, b in d.values.items()]
         if d.majority:
             (most, held), rest = shown[0], shown[1:]
             lines.append(f"DIFFERS {d.field}: {'; '.join(_holding(b, v) for v, b in rest)}; the other {len(held)} "
@@ -102,11 +109,15 @@ def report(boxes: dict[str, Results], differ: list[Difference], agree: list[str]
             lines.append(f"DIFFERS {d.field} (no value most boxes share): "
                          + "; ".join(_holding(b, v) for v, b in shown))
     if differ:
-        lines.append(f"{len({b for d in differ for b in d.odd})} box(es) differ in {len(differ)} field(s): their "
-                     "figures compare with the others' only where these do not matter; align them (the same driver "
-                     "and kernel, the recipe's image pulled on every box, one version of the suite) and run again")
+        lines.append(f"{len({b for d in differ for b in d.odd})} box(es) differ in {len(differ)} field(s): figures "
+                     "compare across boxes only where these do not matter; align what should be the same (driver, "
+                     "kernel module, the recipe's image pulled on every box, one version of the suite) and run again")
     lines.append(f"agree ({len(agree)}): " + (", ".join(agree) or "nothing"))
-    if partial:
-        lines.append("not recorded by every box (compared among those that did): "
-                     + "; ".join(f"{k} ({', '.join(v)})" for k, v in partial.items()))
+    some = {k: v for k, v in partial.items() if len(v) > 1}
+    one = {k: v for k, v in partial.items() if len(v) == 1}
+    if some:
+        lines.append("not recorded by every box, compared among those that did: "
+                     + "; ".join(f"{k} ({', '.join(v)})" for k, v in some.items()))
+    if one:
+        lines.append("recorded by one box only, not compared: " + "; ".join(f"{k} ({v[0]})" for k, v in one.items()))
     return "\n".join(lines) + "\n"
