@@ -84,6 +84,17 @@ def test_the_attention_backend_chosen_and_an_fp8_kv_cache_on_unit_scales_are_rec
         "attention_backend": "TRITON_ATTN", "kv_unit_scale": "fp8_e4m3"}
     # The CPU engine names no backend: it runs CPU_ATTN for every model without MLA, and has no FP8 KV scales.
     assert (parse(CPU_LOG).attention_backends, parse(CPU_LOG).kv_unit_scale) == (["CPU_ATTN"], None)
+    assert parse(CPU_LOG).fp8_attention_unit_scales is None
+
+
+def test_fp8_attention_on_uncalibrated_query_and_probability_scales_is_recorded():
+    """vLLM 0.32's warning (kv_cache.py's format string), as a GB10 owner's FP8 KV cache start printed it."""
+    line = ("(EngineCore pid=212) WARNING 12-05 10:14:02 [kv_cache.py:201] Using uncalibrated q_scale 1.0 and/or "
+            "prob_scale 1.0 with fp8 attention. This may cause accuracy issues. Please make sure q/prob scaling "
+            "factors are available in the fp8 checkpoint.\n")
+    f = parse(GPU_PINNED + line)
+    assert f.fp8_attention_unit_scales == "q_scale 1.0 and/or prob_scale 1.0"
+    assert f.summary()["fp8_attention_unit_scales"] == "q_scale 1.0 and/or prob_scale 1.0"
 
 
 # vLLM 0.32's own lines for a backend asked for with --attention-backend: taken on the GPU platform (cuda.py's format

@@ -18,7 +18,9 @@ The lines are vLLM's own (v1 engine; the patterns follow its format strings, and
   CPU_ATTN instead, the one it runs for every model without MLA, and names it nowhere)
 - an FP8 KV cache running on unit scales: "Using KV cache scaling factor 1.0 for fp8_e4m3. If this is unintended,
   ..." (the checkpoint carries no calibrated k/v scales: the failure that took GSM8K from 0.78 to 0.025, vLLM
-  PR #19292)
+  PR #19292); with an FP8 KV cache, attention on uncalibrated query and probability scales: "Using uncalibrated
+  q_scale 1.0 and/or prob_scale 1.0 with fp8 attention. This may cause accuracy issues." (a GB10 owner's log showed
+  it, rwlove/home-ops PR #13384)
 - graphs: "Capturing CUDA graphs (decode, FULL)" / "(mixed prefill-decode, PIECEWISE)" progress bars,
   "Graph capturing finished in S secs, took G GiB", "Cudagraph is disabled under eager mode"
 
@@ -74,6 +76,7 @@ _ATTENTION = re.compile(r"Using (\w+) attention backend out of potential backend
                         r"backend\.|Using ((?:AMX|CPU)_MLA) backend\.")
 _ATTENTION_REFUSED = re.compile(r"Cannot use AttentionBackendEnum\.(\w+) backend on CPU")
 _KV_UNIT_SCALE = re.compile(r"Using KV cache scaling factor 1\.0 for (\w+)")
+_FP8_ATTENTION_UNIT = re.compile(r"Using uncalibrated (q_scale [\d.]+ and/or prob_scale [\d.]+) with fp8 attention")
 
 
 def _f(text: str) -> float:
@@ -103,6 +106,7 @@ class StartupFacts:
     attention_backends: list[str] = field(default_factory=list)  # the ones it runs, e.g. TRITON_ATTN, CPU_ATTN
     attention_refused: str | None = None  # the one asked for that the CPU engine would not run
     kv_unit_scale: str | None = None  # the FP8 KV cache dtype running on scales of 1.0 (no calibrated k/v scales)
+    fp8_attention_unit_scales: str | None = None  # FP8 attention on uncalibrated query/probability scales
 
     @property
     def bytes_per_token(self) -> float | None:
@@ -206,6 +210,8 @@ def parse(text: str) -> StartupFacts:
         facts.attention_backends = ["CPU_ATTN"]
     if m := _KV_UNIT_SCALE.search(part):
         facts.kv_unit_scale = m.group(1)
+    if m := _FP8_ATTENTION_UNIT.search(part):
+        facts.fp8_attention_unit_scales = m.group(1)
     return facts
 
 

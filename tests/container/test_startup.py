@@ -20,7 +20,7 @@ def test_the_startup_log_states_the_servers_facts(check, live, record_property):
     summary = f.summary()
     live.server.facts.update({f"startup_{k}": v for k, v in summary.items()})
     for key in ("version", "kv_cache_gib", "kv_tokens", "kv_bytes_per_token", "max_concurrency", "graph_mode",
-                "attention_backend", "attention_refused", "kv_unit_scale", "unknown_env"):
+                "attention_backend", "attention_refused", "kv_unit_scale", "fp8_attention_unit_scales", "unknown_env"):
         if key in summary:
             record_property(key, summary[key])
     missing = [k for k in ("version", "kv_cache_gib", "kv_tokens") if getattr(f, k) is None]
