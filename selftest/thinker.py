@@ -98,12 +98,11 @@ def build(force: bool = False, log=print) -> Path:
         p, r = tok(prompt, add_special_tokens=False).input_ids, tok(reply, add_special_tokens=False).input_ids
         rows.append((p + r, [-100] * len(p) + r))  # the loss is on the answer only
     # Back-propagate through the top layers only (the output side of the tied embeddings still learns the two new
-    # tokens): the lower layers' gradients were most of a step's time.
-    layers = model.model.layers
-    for layer in layers[:-TRAINED_LAYERS]:
+    # tokens): the lower layers' gradients were most of a step's time. The embeddings' output is detached, so the
+    # frozen layers record no graph at all.
+    for layer in model.model.layers[:-TRAINED_LAYERS]:
         layer.requires_grad_(False)
-    layers[-TRAINED_LAYERS - 1].register_forward_hook(
-        lambda _m, _i, out: out.detach() if isinstance(out, torch.Tensor) else (out[0].detach(), *out[1:]))
+    model.model.embed_tokens.register_forward_hook(lambda _m, _i, out: out.detach())
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
     model.train()
     t0 = time.monotonic()

@@ -13,9 +13,10 @@ import pytest
 from sparkgate import metrics, sanity
 from sparkgate.probes import COHERENCE, chat_body
 
+DOOR = "green"  # what the notes say, and so the answer
 NOTES = (
     "Field notes from the lighthouse on Skerry Point, kept by the keeper for the relief crew. "
-    "The door of the lighthouse is painted green. The lamp is lit at sunset and put out at sunrise. "
+    f"The door of the lighthouse is painted {DOOR}. The lamp is lit at sunset and put out at sunrise. "
     "Fresh water comes by boat every second Tuesday. The radio is checked at noon every day. "
 ) * 12
 
@@ -25,8 +26,8 @@ def test_a_repeated_request_answers_the_same_uncached_and_cached(check, server, 
     """A greedy request sent twice (uncached, then from the prefix cache) MUST answer cleanly, rightly and the same."""
     # A fresh nonce first, so the first send cannot hit a cache left by an earlier run.
     system = f"Session {uuid.uuid4().hex}.\n{NOTES}"
-    # Cached and uncached garbage agree, so only the detector can fail a broken model here: it gets the room its
-    # rates were measured with (a healthy model answers in far fewer tokens).
+    # Cached and uncached garbage agree, so the detector and the known answer fail a broken model here: the detector
+    # gets the room its rates were measured with (a healthy model answers in far fewer tokens).
     body = chat_body(server.served_name, "According to the notes, what colour is the lighthouse door? "
                                          "Answer in one short sentence.", max_tokens=sanity.JUDGED_TOKENS)
     body["messages"].insert(0, {"role": "system", "content": system})
@@ -49,11 +50,11 @@ def test_a_repeated_request_answers_the_same_uncached_and_cached(check, server, 
           f"cached {hits[1]}")
     n = min(40, *(len(a) for a in answers))
     agree = n > 0 and answers[0][:n] == answers[1][:n]
-    # The notes answer the question: a broken model's two identical answers can escape the detector, never this.
-    right = all("green" in a.lower() for a in answers)
+    # The notes answer the question: a broken model's two identical answers can escape the detector, not this.
+    right = all(DOOR in a.lower() for a in answers)
     check.that(agree and right,
                expected="two non-empty answers that agree on their first 40 characters, both naming the door's "
-                        "colour the notes give (green)",
+                        f"colour the notes give ({DOOR})",
                found=f"uncached {answers[0][:80]!r}, cached {answers[1][:80]!r}",
                why=None if not agree else "the answers agree, cached and not, and are wrong: the cache is not the "
                    "cause " + sanity.diagnosed_by("SERVE-COHERENCE", "wrong answers"))
