@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from sparkgate import redact
+from sparkgate import link, redact
 from sparkgate.guard import Recorder
 from sparkgate.launch.container_spec import SAVED_SUFFIX, docker_run
 from sparkgate.launch.docker_launcher import restore_commands
@@ -212,3 +213,17 @@ def test_a_process_recipes_command_line_keeps_its_environment_pasteable():
     r = r.model_copy(update={"env": {**r.env, "VLLM_CPU_OMP_THREADS_BIND": "0-3|4-7", "HF_TOKEN": "hf_Zq9'Xw"}})
     line = ProcessLauncher(r).describe()
     assert "VLLM_CPU_OMP_THREADS_BIND='0-3|4-7' " in line and "HF_TOKEN=*** " in line and "Zq9" not in line, line
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=200), rc=st.integers(0, 255))
+def test_what_the_box_says_of_its_link_is_read_or_refused_never_a_crash_and_printed_inert(text, rc):
+    """`ip route get`, `ip link show` and ping's answers are the box's: any text MUST parse to a route (an interface
+    name the kernel allows, or none with the reason), an MTU or none, a ping's counts, with nothing unprintable."""
+    route = link.parse_route("10.0.0.2", text)
+    assert route.dev is None or re.fullmatch(r"[\w.:-]{1,15}", route.dev, re.ASCII)
+    assert (route.dev is None) == bool(route.error)
+    mtu = link.parse_mtu(text)
+    assert mtu is None or mtu >= 0
+    ping = link.parse_ping(8972, rc, text, text[::-1])
+    assert 0 <= ping.received and ping.error.isascii() and ping.error.isprintable() and route.error.isprintable()

@@ -5,6 +5,7 @@ both are registered with the plugin manager, their hooks their methods. No check
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from contextlib import ExitStack
 from typing import Any
 
@@ -44,6 +45,19 @@ def _positive(text: str) -> float:
 def _seconds(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds, 1 or more")
+    return int(text)
+
+
+def _address(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IP address (the peer's address on the link)") from None
+
+
+def _mtu(text: str) -> int:
+    if not text.isdigit() or not 1280 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an MTU in bytes (1280 to 65535)")
     return int(text)
 
 
@@ -105,6 +119,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--sustained-s", dest="sg_sustained_s", type=_seconds, default=60, metavar="S",
                     help="how long PERF-SUSTAINED (--level extended) keeps --max-num-seqs streams full; a longer run "
                          "shows the clocks and heat of a soak that a minute does not (default: %(default)s)")
+    group.addoption("--link-peer", dest="sg_link_peers", action="append", type=_address, default=None,
+                    metavar="ADDR", help="the other node's address on the fast link of a two-node setup (its "
+                         "ConnectX-7 interface), repeatable for each link; the HOST-LINK checks ping it from --host "
+                         "(default: none, a box on its own)")
+    group.addoption("--link-mtu", dest="sg_link_mtu", type=_mtu, default=9000, metavar="BYTES",
+                    help="the MTU every link interface must carry end to end (default: %(default)s, jumbo frames)")
     group.addoption("--list-checks", dest="sg_list_checks", default=None, metavar="PATH",
                     help="write the collected checks (ID, layer, MUST, why, fix) as Markdown to PATH "
                          "('-': the terminal) and run nothing (default: run the checks)")

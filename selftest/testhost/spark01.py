@@ -46,7 +46,7 @@ CANONICAL_SIGNER = "Canonical Ltd. Kernel Module Signing"
 DEFAULT_DRIVER = "595.84"
 SUITE = "bookworm"
 MIRROR = os.environ.get("SPARKGATE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-BASE_PACKAGES = ("openssh-server", "procps", "kmod", "iproute2")  # more: HostSpec.extra_packages
+BASE_PACKAGES = ("openssh-server", "procps", "kmod", "iproute2", "iputils-ping")  # more: HostSpec.extra_packages
 # What building and running hosts needs on this (the root) side, as Debian packages.
 BUILD_TOOLS = ("debootstrap", "debian-archive-keyring", "openssl", "binutils", "gcc", "libc6-dev")
 BUILD_TOOLS += ("openssh-client", "iproute2", "util-linux")

@@ -1,0 +1,114 @@
+"""Two test hosts joined by a real link (a veth pair between their network namespaces, each end the host's eth1),
+each checked by the host layer with the other's link address, at once, as an owner checks both nodes: real pings
+with fragmentation forbidden, real routes."""
+
+import os
+import re
+import subprocess
+from contextlib import contextmanager
+
+import pytest
+
+from selftest.testhost.spark01 import NET_PREFIX, HostSpec, TestHost
+
+from .helpers import node_id, run_suites_at_once
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test hosts need root (network namespaces)")
+LINK = {"spark01": f"{NET_PREFIX}.250.1", "spark02": f"{NET_PREFIX}.250.2"}  # each node's address on the link
+PEER = {"spark01": LINK["spark02"], "spark02": LINK["spark01"]}
+
+
+def ip(host, *args):
+    subprocess.run(["ip", "-n", host.netns, *args], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    """spark01 and spark02, their eth1s one link at MTU 9000, as two Sparks' ConnectX-7 ports cabled together."""
+    with TestHost(HostSpec(), "spark01", 0) as a, TestHost(HostSpec(), "spark02", 1) as b:
+        subprocess.run(["ip", "link", "add", "eth1", "netns", a.netns, "mtu", "9000", "type", "veth", "peer", "name",
+                        "eth1", "netns", b.netns, "mtu", "9000"], check=True, capture_output=True, text=True)
+        for host in (a, b):  # the netns takes the pair along when the host stops
+            ip(host, "addr", "add", f"{LINK[host.name]}/24", "dev", "eth1")
+            ip(host, "link", "set", "eth1", "up")
+        yield {"spark01": a, "spark02": b}
+
+
+@contextmanager
+def changed(host, do, undo):
+    """The link broken one way on one node for one test, then mended."""
+    for args in do:
+        ip(host, *args)
+    try:
+        yield
+    finally:
+        for args in undo:
+            ip(host, *args)
+
+
+def link_layer(nodes, test, tmp, only=None, peer=True):
+    """The link checks on each node (or `only` one) at once, toward the other; name -> the run."""
+    return run_suites_at_once(
+        {h.name: (node_id(__name__, test), ["-m", "host", f"--host={h.name}", f"--ssh-config={h.ssh_config}",
+                                            "-k", "link", *([f"--link-peer={PEER[h.name]}"] if peer else [])])
+         for h in nodes.values() if only in (None, h.name)}, tmp)
+
+
+def outcomes(run):
+    return {k: v for k, v in run.parseoutcomes().items() if k != "deselected"}
+
+
+def failed(run):
+    return re.findall(r"^\[(HOST-[A-Z-]+)\] ", run.stdout.str(), re.M)
+
+
+def test_two_nodes_joined_at_jumbo_mtu_pass_both_link_checks(nodes, tmp_path):
+    """A link up at MTU 9000 on both ends: both link checks MUST pass on both nodes."""
+    runs = link_layer(nodes, "test_two_nodes_joined_at_jumbo_mtu_pass_both_link_checks", tmp_path)
+    for name, run in runs.items():
+        assert run.ret == 0 and outcomes(run) == {"passed": 2}, (name, run.stdout.str()[-3000:])
+
+
+def test_one_end_left_at_1500_fails_the_jumbo_frame_check_on_both_nodes_each_naming_its_end(nodes, tmp_path):
+    """spark02's end at 1500 bytes: HOST-LINK-MTU MUST fail on spark02 naming its interface's MTU, and on spark01
+    naming the 8972-byte pings that went unanswered; the route check MUST stay green."""
+    test = "test_one_end_left_at_1500_fails_the_jumbo_frame_check_on_both_nodes_each_naming_its_end"
+    with changed(nodes["spark02"], [("link", "set", "eth1", "mtu", "1500")], [("link", "set", "eth1", "mtu", "9000")]):
+        runs = link_layer(nodes, test, tmp_path)
+    for run in runs.values():
+        assert run.ret == 1 and failed(run) == ["HOST-LINK-MTU"], run.stdout.str()[-3000:]
+    runs["spark02"].stdout.fnmatch_lines(["*expected: MTU >= 9000 on every link interface, and pings that fill it "
+                                          "answered", f"*found:    spark02's eth1 (toward {LINK['spark01']}) has MTU "
+                                          "1500", "*sudo ip link set DEV mtu 9000*"])
+    runs["spark01"].stdout.fnmatch_lines([f"*found:    8972-byte pings (MTU 9000) from spark01's eth1 to "
+                                          f"{LINK['spark02']}, fragmentation forbidden: none of 3 answered, while "
+                                          f"small ones are; the MTU of {LINK['spark02']}'s end or of a switch between "
+                                          "is smaller"])
+
+
+def test_a_peer_reached_only_through_the_management_port_fails_the_route_check(nodes, tmp_path):
+    """spark01's link down and its default route through eth0, the management port: the peer's address falls to the
+    default route, so HOST-LINK-ROUTE MUST fail naming eth0 and the gateway; HOST-LINK-MTU MUST say it could not run
+    and point at it."""
+    a = nodes["spark01"]
+    with changed(a, [("link", "set", "eth1", "down"), ("route", "add", "default", "via", a.gateway)],
+                 [("route", "del", "default"), ("link", "set", "eth1", "up")]):
+        run = link_layer(nodes, "test_a_peer_reached_only_through_the_management_port_fails_the_route_check",
+                         tmp_path, only="spark01")["spark01"]
+    assert run.ret == 1 and failed(run) == ["HOST-LINK-ROUTE"], run.stdout.str()[-3000:]
+    run.stdout.fnmatch_lines([
+        "*expected: every peer answering through a link interface (management: eth0 (the interface of the default "
+        "route))",
+        f"*found:    spark01 reaches {LINK['spark02']} through eth0, the interface of the default route, via the "
+        f"gateway {a.gateway}",
+        "*40-cx7.yaml*NCCL_SOCKET_IFNAME*",
+        "SKIPPED*[[]HOST-LINK-MTU[]] could not run: no --link-peer answers through a link interface: HOST-LINK-ROUTE "
+        "says why"])
+
+
+def test_a_box_on_its_own_could_not_run_the_link_checks_and_says_which_option_would(nodes, tmp_path):
+    run = link_layer(nodes, "test_a_box_on_its_own_could_not_run_the_link_checks_and_says_which_option_would",
+                     tmp_path, only="spark01", peer=False)["spark01"]
+    assert run.ret == 5 and outcomes(run) == {"skipped": 2}, run.stdout.str()[-3000:]
+    run.stdout.fnmatch_lines(["SKIPPED*[[]HOST-LINK-*[]] could not run: no --link-peer given: a box on its own has no "
+                              "link to check (to run it: --link-peer ADDR, the other node's address on the link)*"])
