@@ -16,6 +16,7 @@ import shlex
 import signal
 import threading
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -187,6 +188,8 @@ def test_with_take_over_the_recipes_run_in_turn_and_production_is_set_aside_once
                                                                                               "pinned")
     assert run.server["kv_bytes_per_token"] == "23046" and run.server["graph_mode"] == "eager"
     assert float(run.server["first_answer_s"]) > float(run.server["load_s"]) > 0, run.server
+    # The libraries its image holds (CONT-KNOWN-BAD reads them; the engine runs this venv): `fleet` compares them.
+    assert run.server["torch"] == f"torch {metadata.version('torch')}" and "nccl" not in run.server, run.server
     after = _state(good)
     assert (after[0], after[1], after[2], after[4]) == (before[0], before[1], "running", before[4])
     assert NAME + SAVED_SUFFIX not in dock.names()

@@ -121,22 +121,45 @@ def test_the_odd_boxes_are_those_off_the_value_most_hold_or_all_on_a_tie():
     assert Difference("driver", {"a": ["x", "y"], "b": ["z", "w"], "c": ["v"]}).odd == ["x", "y", "z", "w", "v"]
 
 
+def served(recipe, vllm, **server):
+    return {"recipe": recipe, "recipe_digest": "d1", "serving_digest": "s1", "model": "m", "image": "img:tag",
+            "image_id": "sha256:1", "image_digest": None, "vllm_version": vllm, "server": server}
+
+
+def fleet_of(results, tmp_path, recipes):
+    """`fleet` over the three boxes' files, each box's recipes replaced: name -> its recipe runs."""
+    files = []
+    for name, runs in recipes.items():
+        data = json.loads(results[name].read_text())
+        data["recipes"] = runs
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(data))
+    return fleet(*files)
+
+
 def test_a_recipe_served_on_another_vllm_is_named_and_one_served_on_one_box_only_is_not_compared(results, tmp_path):
     """Per recipe, the boxes MUST be compared among those that ran it: the vLLM version spark02 ran differs; a recipe
     only spark03 ran is compared with nothing, and said so."""
-    def served(recipe, vllm):
-        return {"recipe": recipe, "recipe_digest": "d1", "serving_digest": "s1", "model": "m", "image": "img:tag",
-                "image_id": "sha256:1", "image_digest": None, "vllm_version": vllm}
-
-    files = []
-    for name, recipes in (("spark01", [served("r", "0.32.0")]), ("spark02", [served("r", "0.31.1")]),
-                          ("spark03", [served("r", "0.32.0"), served("only-here", "0.32.0")])):
-        data = json.loads(results[name].read_text())
-        data["recipes"] = recipes
-        files.append(tmp_path / f"{name}.json")
-        files[-1].write_text(json.dumps(data))
-    run = fleet(*files)
+    run = fleet_of(results, tmp_path, {"spark01": [served("r", "0.32.0")], "spark02": [served("r", "0.31.1")],
+                                       "spark03": [served("r", "0.32.0"), served("only-here", "0.32.0")]})
     assert run.returncode == 1, run.stdout + run.stderr
     assert "DIFFERS r: vLLM version: spark02 has 0.31.1; the other 2 (spark01, spark03) have 0.32.0" in run.stdout
     assert "r: recipe digest" in run.stdout.split("agree (")[1].split("\n")[0].split(", "), run.stdout
     assert "only-here: vLLM version (spark03)" in run.stdout.split("recorded by one box only, not compared: ")[1]
+
+
+def test_a_box_whose_image_carries_another_nccl_is_named_with_its_build(results, tmp_path):
+    """The libraries CONT-KNOWN-BAD read in each server's image: an NCCL build one box's differs in MUST be named
+    (two nodes on two NCCL builds may hang in their first collective); the server's other facts (its KV cache size)
+    are the box's own and not compared."""
+    good = dict(nccl="nvidia-nccl-cu13 2.28.7", torch="torch 2.10.0", attention_backend="FLASHINFER",
+                kv_cache_gib="20.0")
+    run = fleet_of(results, tmp_path, {
+        "spark01": [served("r", "0.32.0", **good)],
+        "spark02": [served("r", "0.32.0", **{**good, "nccl": "nvidia-nccl-cu13 2.27.3", "kv_cache_gib": "19.5"})],
+        "spark03": [served("r", "0.32.0", **good)]})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert ("DIFFERS r: nccl: spark02 has nvidia-nccl-cu13 2.27.3; the other 2 (spark01, spark03) have "
+            "nvidia-nccl-cu13 2.28.7") in run.stdout.splitlines(), run.stdout
+    agree = run.stdout.split("agree (")[1].split("\n")[0]
+    assert "r: torch" in agree and "r: attention_backend" in agree and "kv_cache" not in run.stdout, run.stdout

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from .knownbad import SHARED_LIBRARIES
 from .redact import printable
 from .results import Results
 
@@ -37,6 +38,11 @@ class Difference:
         return [box for boxes in (held[1:] if self.majority else held) for box in boxes]
 
 
+# What a server said of itself that boxes serving one recipe should share: its libraries (read from its image by
+# CONT-KNOWN-BAD), the attention backend and graph mode it chose, the field its thinking arrives in.
+SHARED_FACTS = (*SHARED_LIBRARIES, "attention_backend", "graph_mode", "reasoning_field")
+
+
 def fields(r: Results) -> dict[str, str]:
     """What a box should share with the others of its fleet, by field name: the box, its driver stack, the suite,
     and per recipe it ran: the recipe file, what it served (model, image, flags), the image build and vLLM."""
@@ -54,6 +60,7 @@ def fields(r: Results) -> dict[str, str]:
                 f"{name}: image id": run.image_id or "none",
                 f"{name}: image digest": run.image_digest or "none",
                 f"{name}: vLLM version": run.vllm_version or "none"}
+        out |= {f"{name}: {fact}": run.server[fact] for fact in SHARED_FACTS if fact in run.server}
     return out
 
 

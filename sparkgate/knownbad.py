@@ -65,6 +65,26 @@ def parse(output: str) -> dict[str, str]:
     return found
 
 
+# The libraries the nodes of a fleet, or the two of a two-node recipe, must share: a collective between two builds
+# of NCCL, or kernels of two builds, may hang or disagree. fact name -> the distributions that carry it.
+SHARED_LIBRARIES = {
+    "nccl": ("nvidia-nccl-cu13", "nvidia-nccl-cu12"),
+    "torch": ("torch",),
+    "triton": ("triton",),
+    "flashinfer": ("flashinfer-python",),
+    "cutlass-dsl": ("nvidia-cutlass-dsl",),
+}
+
+
+def shared_libraries(installed: dict[str, str]) -> dict[str, str]:
+    """SHARED_LIBRARIES found among `installed`: fact name -> 'distribution version'."""
+    found = {}
+    for fact, dists in SHARED_LIBRARIES.items():
+        if dist := next((d for d in dists if d in installed), None):
+            found[fact] = f"{dist} {installed[dist]}"
+    return found
+
+
 def held(installed: dict[str, str]) -> list[tuple[KnownBad, str]]:
     """The known-bad releases among `installed`, with the version found."""
     return [(e, installed[normalized(e.package)]) for e in entries()

@@ -59,7 +59,7 @@ def test_the_image_is_built_for_this_hardware(check, live, recipe, host_facts, r
     fix="rebuild or pull the image with the release the list names as fixed (pip install 'PACKAGE==FIXED' in its "
         "Dockerfile), recreate the container, and run the suite again",
 )
-def test_the_image_holds_no_known_bad_release(check, live, docker_engine, record_property):
+def test_the_image_holds_no_known_bad_release(check, live, docker_engine, record_property, server_fact):
     """The Python packages the server runs with MUST include no release on the shipped known-bad list."""
     import docker.errors
     import requests
@@ -96,6 +96,8 @@ def test_the_image_holds_no_known_bad_release(check, live, docker_engine, record
     if not installed:
         check.cannot_run("the server's Python packages could not be listed in its image ("
                          + ("no Python found" if b"NOPYTHON" in out else "none listed") + ")")
+    for fact, release in knownbad.shared_libraries(installed).items():
+        server_fact(fact, release)  # in the results file: what `sparkgate fleet` compares between boxes
     bad, n = knownbad.held(installed), len(knownbad.entries())
     record_property("packages", f"{len(installed)} read with {command}, against {n} known-bad entries")
     check.that(not bad, expected=f"none of the releases on the known-bad list ({n} entr{'y' if n == 1 else 'ies'})",
