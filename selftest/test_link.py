@@ -46,11 +46,13 @@ def changed(host, do, undo):
             ip(host, *args)
 
 
-def link_layer(nodes, test, tmp, only=None, peer=True):
-    """The link checks on each node (or `only` one) at once, toward the other; name -> the run."""
+def link_layer(nodes, test, tmp, only=None, args=None):
+    """The link checks on each node (or `only` one) at once, toward the other over eth1 (a veth has no RDMA device:
+    named with --link-interface); name -> the run."""
     return run_suites_at_once(
         {h.name: (node_id(__name__, test), ["-m", "host", f"--host={h.name}", f"--ssh-config={h.ssh_config}",
-                                            "-k", "link", *([f"--link-peer={PEER[h.name]}"] if peer else [])])
+                                            "-k", "link", *(args or [f"--link-peer={PEER[h.name]}",
+                                                                     "--link-interface=eth1"])])
          for h in nodes.values() if only in (None, h.name)}, tmp)
 
 
@@ -77,9 +79,9 @@ def test_one_end_left_at_1500_fails_the_jumbo_frame_check_on_both_nodes_each_nam
         runs = link_layer(nodes, test, tmp_path)
     for run in runs.values():
         assert run.ret == 1 and failed(run) == ["HOST-LINK-MTU"], run.stdout.str()[-3000:]
-    runs["spark02"].stdout.fnmatch_lines(["*expected: MTU >= 9000 on every link interface, and pings that fill it "
-                                          "answered", f"*found:    spark02's eth1 (toward {LINK['spark01']}) has MTU "
-                                          "1500", "*sudo ip link set DEV mtu 9000*"])
+    runs["spark02"].stdout.fnmatch_lines(["*expected: MTU >= 9000 on the link interface toward every peer, and pings "
+                                          "that fill it answered", f"*found:    spark02's eth1 (toward "
+                                          f"{LINK['spark01']}) has MTU 1500", "*sudo ip link set DEV mtu 9000*"])
     runs["spark01"].stdout.fnmatch_lines([f"*found:    8972-byte pings (MTU 9000) from spark01's eth1 to "
                                           f"{LINK['spark02']}, fragmentation forbidden: none of 3 answered, while "
                                           f"small ones are; the MTU of {LINK['spark02']}'s end or of a switch between "
@@ -97,10 +99,9 @@ def test_a_peer_reached_only_through_the_management_port_fails_the_route_check(n
                          tmp_path, only="spark01")["spark01"]
     assert run.ret == 1 and failed(run) == ["HOST-LINK-ROUTE"], run.stdout.str()[-3000:]
     run.stdout.fnmatch_lines([
-        "*expected: every peer answering through a link interface (management: eth0 (the interface of the default "
-        "route))",
+        "*expected: every peer answering through a link interface (eth1)",
         f"*found:    spark01 reaches {LINK['spark02']} through eth0, the interface of the default route, via the "
-        f"gateway {a.gateway}",
+        f"gateway {a.gateway}, not a link interface (eth1)",
         "*40-cx7.yaml*NCCL_SOCKET_IFNAME*",
         "SKIPPED*[[]HOST-LINK-MTU[]] could not run: no --link-peer answers through a link interface: HOST-LINK-ROUTE "
         "says why"])
@@ -108,7 +109,42 @@ def test_a_peer_reached_only_through_the_management_port_fails_the_route_check(n
 
 def test_a_box_on_its_own_could_not_run_the_link_checks_and_says_which_option_would(nodes, tmp_path):
     run = link_layer(nodes, "test_a_box_on_its_own_could_not_run_the_link_checks_and_says_which_option_would",
-                     tmp_path, only="spark01", peer=False)["spark01"]
+                     tmp_path, only="spark01", args=["--link-interface=eth1"])["spark01"]
     assert run.ret == 5 and outcomes(run) == {"skipped": 2}, run.stdout.str()[-3000:]
     run.stdout.fnmatch_lines(["SKIPPED*[[]HOST-LINK-*[]] could not run: no --link-peer given: a box on its own has no "
                               "link to check (to run it: --link-peer ADDR, the other node's address on the link)*"])
+
+
+def test_a_box_with_no_rdma_interface_and_none_named_could_not_run_the_link_checks(nodes, tmp_path):
+    """The link interfaces are those an RDMA device backs (a ConnectX port): a box with none, and none named, MUST
+    say the link checks could not run, naming --link-interface; never judge its management port as the link."""
+    run = link_layer(nodes, "test_a_box_with_no_rdma_interface_and_none_named_could_not_run_the_link_checks",
+                     tmp_path, only="spark01", args=[f"--link-peer={PEER['spark01']}"])["spark01"]
+    assert run.ret == 5 and outcomes(run) == {"skipped": 2}, run.stdout.str()[-3000:]
+    run.stdout.fnmatch_lines(["SKIPPED*[[]HOST-LINK-*[]] could not run: no link interface on spark01: none is backed "
+                              "by an RDMA device (/sys/class/net/*/device/infiniband) and no --link-interface was "
+                              "given (to run it: --link-interface DEV, the interface the link's cable is in)*"])
+
+
+def test_the_nodes_own_address_given_as_its_peer_fails_the_route_check_saying_so(nodes, tmp_path):
+    """The two addresses swapped (the node's own link address as --link-peer): the kernel routes it to itself, and a
+    ping to oneself always answers; HOST-LINK-ROUTE MUST fail saying whose address it is."""
+    run = link_layer(nodes, "test_the_nodes_own_address_given_as_its_peer_fails_the_route_check_saying_so", tmp_path,
+                     only="spark01", args=[f"--link-peer={LINK['spark01']}", "--link-interface=eth1"])["spark01"]
+    assert run.ret == 1 and failed(run) == ["HOST-LINK-ROUTE"], run.stdout.str()[-3000:]
+    run.stdout.fnmatch_lines([f"*found:    {LINK['spark01']} is spark01's own address: give --link-peer the other "
+                              "node's"])
+
+
+def test_a_box_whose_ssh_user_cannot_ping_could_not_run_the_link_checks(nodes, tmp_path):
+    """ping gone from the box: both checks MUST say they could not run, naming iputils-ping; neither fails."""
+    a = nodes["spark01"]
+    a.ssh("mv /usr/bin/ping /usr/bin/ping.away", timeout=30).check_returncode()
+    try:
+        run = link_layer(nodes, "test_a_box_whose_ssh_user_cannot_ping_could_not_run_the_link_checks", tmp_path,
+                         only="spark01")["spark01"]
+    finally:
+        a.ssh("mv /usr/bin/ping.away /usr/bin/ping", timeout=30).check_returncode()
+    assert run.ret == 5 and outcomes(run) == {"skipped": 2}, run.stdout.str()[-3000:]
+    run.stdout.fnmatch_lines(["SKIPPED*[[]HOST-LINK-*[]] could not run: ping * on spark01: *ping*not found* (to run "
+                              "it: iputils-ping on the box*"])

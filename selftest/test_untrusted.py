@@ -215,15 +215,26 @@ def test_a_process_recipes_command_line_keeps_its_environment_pasteable():
     assert "VLLM_CPU_OMP_THREADS_BIND='0-3|4-7' " in line and "HF_TOKEN=*** " in line and "Zq9" not in line, line
 
 
-@settings(max_examples=300, deadline=None)
-@given(text=st.text(max_size=200), rc=st.integers(0, 255))
+# Arbitrary text, and text around the words the parsers look for, so that their every branch sees hostile input.
+TOOL_WORDS = st.sampled_from(["dev ", "via ", "via inet6 ", "local ", "unreachable ", " mtu ", "local error: ",
+                              " packets transmitted, ", " received", "/sys/class/net/", "/device/infiniband", "\n"])
+TOOL_TEXT = st.lists(st.one_of(TOOL_WORDS, st.text(max_size=20), st.from_regex(r"[0-9]{1,8}", fullmatch=True)),
+                     max_size=12).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=TOOL_TEXT, rc=st.integers(0, 255))
 def test_what_the_box_says_of_its_link_is_read_or_refused_never_a_crash_and_printed_inert(text, rc):
-    """`ip route get`, `ip link show` and ping's answers are the box's: any text MUST parse to a route (an interface
-    name the kernel allows, or none with the reason), an MTU or none, a ping's counts, with nothing unprintable."""
+    """`ip route get`, `ip link show`, the RDMA listing and ping's answers are the box's: any text MUST parse to a
+    route (an interface name the kernel allows, or none with the reason), an MTU or none, interface names, a ping's
+    counts, with nothing unprintable in what a message would carry."""
     route = link.parse_route("10.0.0.2", text)
     assert route.dev is None or re.fullmatch(r"[\w.:-]{1,15}", route.dev, re.ASCII)
-    assert (route.dev is None) == bool(route.error)
+    assert (route.dev is None) == bool(route.error) and route.error.isascii() and route.error.isprintable()
+    assert all(re.fullmatch(r"[\w.:-]{1,15}", dev, re.ASCII) for dev in link.parse_devices(text))
     mtu = link.parse_mtu(text)
-    assert mtu is None or mtu >= 0
+    assert mtu is None or str(mtu) in text
     ping = link.parse_ping(8972, rc, text, text[::-1])
-    assert 0 <= ping.received and ping.error.isascii() and ping.error.isprintable() and route.error.isprintable()
+    summary = re.search(r"\d+ packets transmitted, \d+ (packets )?received", text, re.ASCII)
+    assert ping.refused == (summary is None) and (ping.sent, ping.received) >= (0, 0)
+    assert ping.error.isascii() and ping.error.isprintable()

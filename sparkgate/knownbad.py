@@ -77,12 +77,11 @@ SHARED_LIBRARIES = {
 
 
 def shared_libraries(installed: dict[str, str]) -> dict[str, str]:
-    """SHARED_LIBRARIES found among `installed`: fact name -> 'distribution version'."""
-    found = {}
-    for fact, dists in SHARED_LIBRARIES.items():
-        if dist := next((d for d in dists if d in installed), None):
-            found[fact] = f"{dist} {installed[dist]}"
-    return found
+    """SHARED_LIBRARIES found among `installed`: fact name -> 'distribution version', every one present (an image
+    may carry NCCL's wheels for two CUDA versions)."""
+    found = {fact: ", ".join(f"{d} {installed[d]}" for d in dists if d in installed)
+             for fact, dists in SHARED_LIBRARIES.items()}
+    return {fact: releases for fact, releases in found.items() if releases}
 
 
 def held(installed: dict[str, str]) -> list[tuple[KnownBad, str]]:

@@ -5,13 +5,14 @@ both are registered with the plugin manager, their hooks their methods. No check
 from __future__ import annotations
 
 import argparse
-import ipaddress
+import re
 from contextlib import ExitStack
 from typing import Any
 
 import httpx
 import pytest
 
+from . import link
 from .checks import Check
 from .compare import TOLERANCE_PCT
 from .gpuclocks import GpuClocks
@@ -50,9 +51,15 @@ def _seconds(text: str) -> int:
 
 def _address(text: str) -> str:
     try:
-        return str(ipaddress.ip_address(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an IP address (the peer's address on the link)") from None
+        return link.peer_address(text)
+    except ValueError as exc:  # not an address, or not one of another box
+        raise argparse.ArgumentTypeError(f"{exc} (the other node's address on the link)") from None
+
+
+def _interface(text: str) -> str:
+    if not re.fullmatch(r"[\w.:-]{1,15}", text, re.ASCII):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a network interface's name")
+    return text
 
 
 def _mtu(text: str) -> int:
@@ -123,6 +130,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     metavar="ADDR", help="the other node's address on the fast link of a two-node setup (its "
                          "ConnectX-7 interface), repeatable for each link; the HOST-LINK checks ping it from --host "
                          "(default: none, a box on its own)")
+    group.addoption("--link-interface", dest="sg_link_interfaces", action="append", type=_interface, default=None,
+                    metavar="DEV", help="a link interface of --host, repeatable (default: the interfaces backed by an "
+                                        "RDMA device, as a DGX Spark's ConnectX-7 ports are)")
     group.addoption("--link-mtu", dest="sg_link_mtu", type=_mtu, default=9000, metavar="BYTES",
                     help="the MTU every link interface must carry end to end (default: %(default)s, jumbo frames)")
     group.addoption("--list-checks", dest="sg_list_checks", default=None, metavar="PATH",
