@@ -14,6 +14,8 @@ part of the path (`--base-url http://127.0.0.1:PORT/<way>`):
     cache-drifts a long request (over LONG characters of messages) sent before is answered as if its last message
                  asked something else: a fluent answer to another question, as from a prefix cache that serves the
                  KV blocks of another prompt (short prompts fill few blocks: a cache barely touches them)
+    stamps       writes a request number at the top of every system message, as a gateway that puts a request id or
+                 the time in the system prompt does: no two requests share a prefix, so the prefix cache never hits
 
     python -m selftest.broken_gateway PORT UPSTREAM_BASE_URL
 """
@@ -35,6 +37,18 @@ OPENAI_FIELDS = {"model", "messages", "frequency_penalty", "logit_bias", "logpro
 BARE_500 = b"<html><body><h1>500 Internal Server Error</h1></body></html>"
 ANOTHER_QUESTION = "Name one thing a lighthouse keeper does every night. Answer in one short sentence."
 LONG = 1000
+
+
+def stamped(body: bytes, n: int) -> bytes:
+    """The request with `[request n]` before the text of each system message (unchanged if it has none)."""
+    try:
+        request = json.loads(body)
+        for m in request["messages"]:
+            if m.get("role") == "system" and isinstance(m.get("content"), str):
+                m["content"] = f"[request {n}] {m['content']}"
+        return json.dumps(request).encode()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return body
 
 
 def is_long(body: bytes) -> bool:
@@ -60,6 +74,7 @@ def asked_something_else(body: bytes) -> bytes:
 class Handler(BaseHTTPRequestHandler):
     upstream: httpx.Client
     seen: set[bytes] = set()  # the request bodies cache-drifts has forwarded
+    stamps = 0  # the requests stamps has numbered
     lock = threading.Lock()
 
     def log_message(self, *args: object) -> None:
@@ -92,6 +107,10 @@ class Handler(BaseHTTPRequestHandler):
                 self.seen.add(key)
             if again:
                 body = asked_something_else(body)
+        if way == "stamps" and method == "POST" and body:
+            with self.lock:
+                Handler.stamps += 1
+                body = stamped(body, Handler.stamps)
         headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
         request = self.upstream.build_request(method, path, content=body or None, headers=headers)
         try:

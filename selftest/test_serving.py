@@ -196,6 +196,22 @@ def test_behind_a_gateway_that_buffers_each_answer_the_client_times_every_token_
     result.stdout.fnmatch_lines(["*expected: client within 25% of the server's * ms*", "*found:    client * ms*"])
 
 
+def test_behind_a_gateway_that_stamps_each_system_prompt_the_prefix_cache_never_hits_and_only_its_check_fails(
+        pytester, gateway):
+    """A request number written at the top of every system message (alone on the engine: its /metrics counts every
+    client's hits): SERVE-PREFIX-HITS MUST fail naming the tokens the repeat took from the cache, and
+    SERVE-PREFIX-CACHE, whose cached path was never taken, MUST say it could not run and point at it."""
+    result = run_suite(pytester, "-m", "serving", "--recipe=smollm2-cpu", f"--base-url={gateway}/stamps",
+                       "--level=quick", "-k", "prefix_cache or repeated_request")
+    out = result.stdout.str()
+    assert failed_checks(result) == ["SERVE-PREFIX-HITS"], out[-4000:]
+    result.stdout.fnmatch_lines([
+        "*expected: at least half of the repeated prompt's * tokens from the prefix cache",
+        "*found:    0 (vllm:prefix_cache_hits_total +0 over the repeat)",
+        "SKIPPED*[[]SERVE-PREFIX-CACHE[]] could not run: the second send was not served from the prefix cache "
+        "(vllm:prefix_cache_hits_total +0), so the cached path was not exercised: SERVE-PREFIX-HITS says why*"])
+
+
 # ---- the recording guard ---------------------------------------------------------------------------------
 
 # Prompts the real model answers cleanly (selftest/garbage/corpus.jsonl: it loops on some others, rightly flagged).

@@ -63,8 +63,43 @@ def test_a_repeated_request_answers_the_same_uncached_and_cached(check, server, 
                          f"{unavailable}", "serve with vLLM (its /metrics count prefix-cache hits)")
     if not hits[1]:
         check.cannot_run(f"the second send was not served from the prefix cache ({metrics.PREFIX_CACHE_HITS} "
-                         f"+{hits[1]}): prefix caching is off, so the cached path was not exercised",
-                         "serve without --no-enable-prefix-caching")
+                         f"+{hits[1]:.0f}), so the cached path was not exercised: SERVE-PREFIX-HITS says why",
+                         "serve with prefix caching on (vLLM's default; not --no-enable-prefix-caching)")
+
+
+@pytest.mark.check(
+    "SERVE-PREFIX-HITS",
+    why="a chat or an agent sends its whole history again every turn: with the prefix cache only the new turn is "
+        "prefilled, without it every turn pays for all of it and the time to first token grows with the conversation; "
+        "it can be off with no error (an FP8 KV cache turned it off in a GB10 owner's vLLM start: 0.0% hit rate), and "
+        "a gateway that writes a request id or the time at the top of the prompt defeats it",
+    fix="read what the start said of it (`docker logs NAME 2>&1 | grep -i prefix`), drop the flag that turned it off "
+        "(e.g. --kv-cache-dtype fp8 where the log says so) or set --enable-prefix-caching, and keep the top of the "
+        "prompt the same from request to request (no id or time in the system prompt)",
+)
+def test_a_prompt_sent_again_is_served_from_the_prefix_cache(check, server, recipe, endpoint, record_property):
+    """A long prompt sent again MUST have at least half its tokens served from the prefix cache, unless the recipe
+    turns prefix caching off."""
+    if recipe.arg("--no-enable-prefix-caching") is not None:
+        check.cannot_run(f"recipe {recipe.name} turns prefix caching off (--no-enable-prefix-caching)",
+                         "a recipe that keeps it on (vLLM's default)")
+    body = chat_body(server.served_name, "What colour is the door?", max_tokens=1)  # the prefill is what is judged
+    body["messages"].insert(0, {"role": "system", "content": f"Session {uuid.uuid4().hex}.\n{NOTES}"})
+    try:
+        endpoint.chat(body, label="the first send")
+        before = metrics.scrape(server.base_url, server.served_name, server.headers)
+        again = endpoint.chat(body, label="the same request again")
+        hits = metrics.delta(before, metrics.scrape(server.base_url, server.served_name, server.headers))
+    except metrics.MetricsUnavailable as exc:
+        check.cannot_run(f"how much of the prompt came from the prefix cache cannot be told: {exc}",
+                         "serve with vLLM (its /metrics count prefix-cache hits)")
+    if metrics.PREFIX_CACHE_HITS not in hits:
+        check.cannot_run(f"the server's /metrics has no {metrics.PREFIX_CACHE_HITS}", "serve with vLLM")
+    cached, prompt = hits[metrics.PREFIX_CACHE_HITS], (again.get("usage") or {}).get("prompt_tokens") or 0
+    record_property("prefix cache", f"{cached:.0f} of the repeat's {prompt} prompt tokens from the cache")
+    check.that(prompt > 0 and cached >= prompt / 2,
+               expected=f"at least half of the repeated prompt's {prompt or '?'} tokens from the prefix cache",
+               found=f"{cached:.0f} ({metrics.PREFIX_CACHE_HITS} +{cached:.0f} over the repeat)")
 
 
 @pytest.mark.check("SERVE-CONCURRENT", why="every seat of --max-num-seqs is a user: a batch that corrupts one "
