@@ -27,3 +27,9 @@ def test_the_fixed_release_and_anything_not_a_name_and_version_are_not():
 def test_any_output_parses_to_plain_names_and_versions(printed):
     for name, version in knownbad.parse(printed).items():
         assert name.isascii() and version.isascii() and " " not in name + version and "<" not in name + version
+
+
+def test_a_package_listed_twice_is_read_as_the_copy_python_imports():
+    """Distributions are listed in sys.path order and Python imports the first: a shadowed copy MUST NOT be the one
+    recorded (or judged)."""
+    assert knownbad.parse("PKG torch 2.10.0\nPKG torch 2.9.1\n") == {"torch": "2.10.0"}

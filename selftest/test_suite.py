@@ -322,22 +322,25 @@ SELF_DRAFT_ACCEPTANCE = {
 }
 
 
-@pytest.fixture
-def self_drafting_server(tmp_path):
+@pytest.fixture(scope="module")
+def self_drafting_server(tmp_path_factory):
     """The embedded model on the real engine, drafting with a copy of itself (--speculative-config method
     draft_model): greedy, every draft is accepted (48 of 48 measured here); at the temperature the perf checks
     sample at (0.3), vLLM 0.32's CPU engine accepted 0 to 3% of them (0 of 1,134 twice, 28 of 1,014) and its answers
-    turned to word salad. A drafting path broken inside the engine: (its recipes folder, the server)."""
+    turned to word salad. A drafting path broken inside the engine. Served without prefix caching too (drafting
+    does not need it): an engine whose cache is off, for SERVE-PREFIX-HITS. (its recipes folder, the server)."""
     from sparkgate import embedded
     from sparkgate.launch import serving
     from sparkgate.recipes import load_profiles
 
+    tmp_path = tmp_path_factory.mktemp("drafting")
     model = embedded.path("embedded:smollm2", Path(os.environ["SPARKGATE_CACHE"]))
     recipes = Path(broken_recipe(tmp_path, speculative({"method": "draft_model", "model": str(model),
                                                          "num_speculative_tokens": 3})))
     data = yaml.safe_load((recipes / "smollm2-cpu.yaml").read_text())
     move_port(data, DRAFTING_PORT)
     data["floors"]["spec_acceptance"] = SELF_DRAFT_ACCEPTANCE
+    data["serve_args"].append("--no-enable-prefix-caching")
     (recipes / "smollm2-cpu.yaml").write_text(yaml.safe_dump(data))
     with serving(load_recipes(recipes)["smollm2-cpu"], load_profiles()["cpu"], local_mem_available, print, 600) as srv:
         yield recipes, srv
@@ -353,6 +356,26 @@ def test_a_server_that_rejects_the_drafts_of_its_own_copy_fails_the_speculative_
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*expected: >= 0.5 ratio of draft tokens accepted (the higher of 0.5 ratio stated*",
                                  "*found:    0.* (* of * draft tokens) over 6 requests on smollm2-cpu, shape*"])
+
+
+@pytest.mark.parametrize(("asks", "outcome", "line"), [
+    (True, "failed",
+     "*found:    the engine's prefix cache is off (vllm:prefix_cache_queries_total +0 over the repeat)"),
+    (False, "skipped", "SKIPPED*[[]SERVE-PREFIX-HITS[]] could not run: the engine's prefix cache is off "
+                       "(vllm:prefix_cache_queries_total +0 over the repeat), and recipe smollm2-cpu does not ask for "
+                       "it (to run it: --enable-prefix-caching in the recipe*"),
+], ids=["asked-for", "default"])
+def test_an_engine_whose_prefix_cache_is_off_fails_the_hits_check_where_the_recipe_asks_for_it(
+        pytester, tmp_path, self_drafting_server, asks, outcome, line):
+    """The engine serves with its prefix cache off (it looks nothing up): SERVE-PREFIX-HITS MUST fail where the
+    recipe asks for the cache (--enable-prefix-caching), and say it could not run, naming that flag, where it relies
+    on vLLM's default."""
+    _, srv = self_drafting_server
+    recipes = broken_recipe(tmp_path, lambda d: d["serve_args"].extend(["--enable-prefix-caching"] if asks else []))
+    result = run_suite(pytester, "-m", "serving", f"--recipes-dir={recipes}", "--recipe=smollm2-cpu",
+                       f"--base-url={srv.base_url}", "-k", "sent_again", "--level=quick")
+    result.assert_outcomes(**{outcome: 1})
+    result.stdout.fnmatch_lines([line])
 
 
 def test_a_server_that_does_not_draft_fails_the_speculative_decoding_check(pytester, tmp_path, embedded_server):

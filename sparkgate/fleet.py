@@ -39,8 +39,9 @@ class Difference:
 
 
 # What a server said of itself that boxes serving one recipe should share: its libraries (read from its image by
-# CONT-KNOWN-BAD), the attention backend and graph mode it chose, the field its thinking arrives in.
-SHARED_FACTS = (*SHARED_LIBRARIES, "attention_backend", "graph_mode", "reasoning_field")
+# CONT-KNOWN-BAD), the attention backend and graph mode it chose. (Not the field its thinking arrives in: that is
+# SERVE-REASONING's verdict, and a box where it failed would differ twice for one defect.)
+SHARED_FACTS = (*SHARED_LIBRARIES, "attention_backend", "graph_mode")
 
 
 def fields(r: Results) -> dict[str, str]:

@@ -61,7 +61,7 @@ def parse(output: str) -> dict[str, str]:
     for line in output.splitlines():
         cells = line.split()
         if len(cells) == 3 and cells[0] == "PKG" and _NAME.match(cells[1]) and _VERSION.match(cells[2]):
-            found[normalized(cells[1])] = cells[2]
+            found.setdefault(normalized(cells[1]), cells[2])  # the first on the path is the one Python imports
     return found
 
 

@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 ITL_SUM, ITL_COUNT = "vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count"
 PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"  # prompt tokens served from the prefix cache
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"  # prompt tokens looked up in it (none: the cache is off)
 SPEC_ACCEPTED, SPEC_DRAFT = "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"
 
 
