@@ -229,9 +229,9 @@ def test_what_the_box_says_of_its_link_is_read_or_refused_never_a_crash_and_prin
     route (an interface name the kernel allows, or none with the reason), an MTU or none, interface names, a ping's
     counts, with nothing unprintable in what a message would carry."""
     route = link.parse_route("10.0.0.2", text)
-    assert route.dev is None or re.fullmatch(r"[\w.:-]{1,15}", route.dev, re.ASCII)
+    assert route.dev is None or re.fullmatch(link.INTERFACE, route.dev, re.ASCII)
     assert (route.dev is None) == bool(route.error) and route.error.isascii() and route.error.isprintable()
-    assert all(re.fullmatch(r"[\w.:-]{1,15}", dev, re.ASCII) for dev in link.parse_devices(text))
+    assert all(re.fullmatch(link.INTERFACE, dev, re.ASCII) for dev in link.parse_devices(text))
     mtu = link.parse_mtu(text)
     assert mtu is None or str(mtu) in text
     ping = link.parse_ping(8972, rc, text, text[::-1])

@@ -16,7 +16,8 @@ from .redact import printable
 
 Run = Callable[[str], Any]  # testinfra's host.run: an object with rc, stdout and stderr
 
-_DEV = re.compile(r"\bdev ([\w.:-]{1,15})(?!\S)", re.ASCII)  # an interface name, as the kernel allows it
+INTERFACE = r"[\w.:-]{1,15}"  # a network interface's name, as the kernel allows it (read as ASCII)
+_DEV = re.compile(rf"\bdev ({INTERFACE})(?!\S)", re.ASCII)
 _VIA = re.compile(r"\bvia (?:inet6 |inet )?([0-9a-fA-F.:]{2,45})(?!\S)", re.ASCII)  # an address
 _MTU = re.compile(r"\bmtu (\d{1,6})\b", re.ASCII)
 _SENT = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received", re.ASCII)
@@ -72,7 +73,7 @@ def route_to(run: Run, peer: str) -> Route:
 
 def parse_devices(text: str) -> list[str]:
     """Interface names from `ls -d /sys/class/net/*/device/infiniband` (one path a line)."""
-    return [m.group(1) for m in re.finditer(r"^/sys/class/net/([\w.:-]{1,15})/device/infiniband/?$", text,
+    return [m.group(1) for m in re.finditer(rf"^/sys/class/net/({INTERFACE})/device/infiniband/?$", text,
                                             re.M | re.ASCII)]
 
 

@@ -57,7 +57,7 @@ def _address(text: str) -> str:
 
 
 def _interface(text: str) -> str:
-    if not re.fullmatch(r"[\w.:-]{1,15}", text, re.ASCII):
+    if not re.fullmatch(link.INTERFACE, text, re.ASCII):
         raise argparse.ArgumentTypeError(f"{text!r} is not a network interface's name")
     return text
 

@@ -15,19 +15,20 @@ SMALL = 56  # ping's default payload: answered by any link that is up at all
 
 
 @pytest.fixture
-def link_setup(check, target_host, host_facts, pytestconfig):
-    """(peers, link interfaces, default-route interfaces); could not run without a peer or a link interface."""
-    peers = pytestconfig.option.sg_link_peers
+def link_routes(check, target_host, host_facts, pytestconfig):
+    """Each --link-peer's route, with why it does not take a link interface (None where it does), and the link
+    interfaces; could not run without a peer or a link interface."""
+    peers, run, node = pytestconfig.option.sg_link_peers, target_host.run, host_facts.hostname
     if not peers:
         check.cannot_run("no --link-peer given: a box on its own has no link to check",
                          "--link-peer ADDR, the other node's address on the link")
-    named = pytestconfig.option.sg_link_interfaces
-    links = named or link.rdma_interfaces(target_host.run)
+    links = pytestconfig.option.sg_link_interfaces or link.rdma_interfaces(run)
     if not links:
-        check.cannot_run(f"no link interface on {host_facts.hostname}: none is backed by an RDMA device "
+        check.cannot_run(f"no link interface on {node}: none is backed by an RDMA device "
                          "(/sys/class/net/*/device/infiniband) and no --link-interface was given",
                          "--link-interface DEV, the interface the link's cable is in")
-    return peers, links, link.default_interfaces(target_host.run)
+    defaults, routes = link.default_interfaces(run), [link.route_to(run, peer) for peer in peers]
+    return [(route, off_the_link(node, route, links, defaults)) for route in routes], links
 
 
 def off_the_link(node, route, links, defaults):
@@ -54,16 +55,16 @@ def off_the_link(node, route, links, defaults):
         "enP2p1s0f* twin, is the cabled port), give --link-peer the peer's address on that link, and name the link's "
         "interface to the collectives (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_HCA)",
 )
-def test_every_link_peer_answers_over_the_link_not_the_management_port(check, target_host, host_facts, link_setup,
+def test_every_link_peer_answers_over_the_link_not_the_management_port(check, target_host, host_facts, link_routes,
                                                                        record_property):
     """Every link peer MUST answer pings through a link interface, not through the management port."""
-    (peers, links, defaults), run, node = link_setup, target_host.run, host_facts.hostname
+    (routes, links), run, node = link_routes, target_host.run, host_facts.hostname
     problems, unable, seen = [], [], []
-    for peer in peers:
-        route = link.route_to(run, peer)
-        if why := off_the_link(node, route, links, defaults):
-            problems.append(why)
+    for route, off in routes:
+        if off:
+            problems.append(off)
             continue
+        peer = route.peer
         answer = link.ping(run, peer, SMALL)
         if answer.refused:
             unable.append(f"ping {peer} on {node}: {answer.error}")
@@ -89,17 +90,17 @@ def test_every_link_peer_answers_over_the_link_not_the_management_port(check, ta
         "`sudo ip link set DEV mtu 9000`), then run the host layer on each node with the other's address as "
         "--link-peer",
 )
-def test_every_link_carries_jumbo_frames_end_to_end(check, target_host, host_facts, link_setup, pytestconfig,
+def test_every_link_carries_jumbo_frames_end_to_end(check, target_host, host_facts, link_routes, pytestconfig,
                                                     record_property):
     """The link interface toward every peer MUST have an MTU of at least --link-mtu, and pings that fill it MUST come
     back unfragmented."""
-    (peers, links, defaults), run, node = link_setup, target_host.run, host_facts.hostname
+    (routes, _), run, node = link_routes, target_host.run, host_facts.hostname
     want = pytestconfig.option.sg_link_mtu
     problems, unable, seen = [], [], []
-    for peer in peers:
-        route = link.route_to(run, peer)
-        if off_the_link(node, route, links, defaults):
+    for route, off in routes:
+        if off:
             continue  # HOST-LINK-ROUTE judges it
+        peer = route.peer
         size = link.mtu(run, route.dev) or 0
         if size < want:
             problems.append(f"{node}'s {route.dev} (toward {peer}) has MTU {size or 'unknown'}")
