@@ -16,6 +16,9 @@ part of the path (`--base-url http://127.0.0.1:PORT/<way>`):
                  KV blocks of another prompt (short prompts fill few blocks: a cache barely touches them)
     stamps       writes a request number at the top of every system message, as a gateway that puts a request id or
                  the time in the system prompt does: no two requests share a prefix, so the prefix cache never hits
+    calls-as-text
+                 a chat completion's tool calls come back as Hermes text in the content, tool_calls[] empty, as from a
+                 server whose --tool-call-parser does not match the model's format (the guide's fingerprint)
 
     python -m selftest.broken_gateway PORT UPSTREAM_BASE_URL
 """
@@ -69,6 +72,25 @@ def asked_something_else(body: bytes) -> bytes:
     except (ValueError, KeyError, IndexError, TypeError):
         pass
     return body
+
+
+def calls_as_text(answer: bytes) -> bytes:
+    """A non-streamed chat completion with each message's tool calls written into its content as Hermes text."""
+    try:
+        data = json.loads(answer)
+        for choice in data["choices"]:
+            message = choice["message"]
+            calls = message.get("tool_calls") or []
+            if calls:
+                message["content"] = "\n".join(
+                    "<tool_call>\n" + json.dumps({"name": c["function"]["name"],
+                                                  "arguments": json.loads(c["function"]["arguments"])})
+                    + "\n</tool_call>" for c in calls)
+                message["tool_calls"] = []
+                choice["finish_reason"] = "stop"
+        return json.dumps(data).encode()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return answer
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -128,7 +150,10 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("content-type", answer.headers.get("content-type", "application/json"))
             self.send_header("connection", "close")  # streamed through as it comes; the end is the close
             self.end_headers()
-            for chunk in [answer.read()] if way == "buffers" else answer.iter_bytes():
+            whole = way == "buffers" or (way == "calls-as-text" and method == "POST")
+            for chunk in [answer.read()] if whole else answer.iter_bytes():
+                if way == "calls-as-text" and method == "POST":
+                    chunk = calls_as_text(chunk)
                 self.wfile.write(chunk)
                 self.wfile.flush()
         finally:

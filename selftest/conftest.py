@@ -3,10 +3,11 @@ host, and the embedded default serving on a port of its own. The helpers they an
 (importing it sets up the shared cache and imports httpx fully, before any test)."""
 
 import os
+import sys
 
 import pytest
 
-from .helpers import embedded_recipe_dir, local_mem_available
+from .helpers import embedded_recipe_dir, local_mem_available, serving_at
 from .proofs import record_outcome, start_log
 
 
@@ -48,6 +49,17 @@ def embedded_server(tmp_path_factory):
     recipe = load_recipes(embedded_recipe_dir(tmp_path_factory.mktemp("embedded")))["smollm2-cpu"]
     with serving(recipe, load_profiles()["cpu"], local_mem_available, print, 600) as srv:
         yield srv
+
+
+GATEWAY_PORT = 18152
+
+
+@pytest.fixture(scope="session")
+def gateway(embedded_server):
+    """selftest/broken_gateway.py in front of the embedded default: its base URL, to which a way is appended."""
+    with serving_at([sys.executable, "-m", "selftest.broken_gateway", str(GATEWAY_PORT), embedded_server.base_url],
+                    f"http://127.0.0.1:{GATEWAY_PORT}/openai-only/v1/models", timeout=30):
+        yield f"http://127.0.0.1:{GATEWAY_PORT}"
 
 
 def pytest_runtest_logreport(report):

@@ -20,7 +20,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkgate import embedded, quality
+from sparkgate import agent, embedded, quality
 from sparkgate.compare import compare, report
 from sparkgate.launch import serving
 from sparkgate.proc import cache_dir
@@ -44,6 +44,7 @@ from .helpers import (
 DAMAGE = 0.1
 DAMAGED_PORT = 18062
 CHECKS = "probes_are_answered"  # QUAL-ANSWERS
+AGENT = "test_agent"  # QUAL-AGENT-TASKS, QUAL-AGENT-CALLS (tests/serving/test_agent.py)
 
 
 # ---- the probes and the statistics, without a server -------------------------------------------------------
@@ -87,6 +88,39 @@ def test_seven_flips_one_way_and_none_back_are_worse_and_six_are_not():
                              {f"p{i}": i >= worse for i in range(20)}).significantly_worse
     assert verdict(7) and not verdict(6)
 
+
+
+def _scripted(*turns):
+    """A send() that answers each turn with the next message, as a server would."""
+    it = iter(turns)
+    return lambda messages: next(it)
+
+
+def _call(name, arguments):
+    return {"content": None, "tool_calls": [{"id": f"c-{name}", "type": "function",
+                                             "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+
+
+def test_an_agent_episode_is_completed_only_through_both_tools_and_its_calls_clean_only_when_every_call_was():
+    task = agent.tasks(1)[0]
+    done = agent.run(task, _scripted(_call("get_capital", {"country": task.country}),
+                                     _call("get_temperature", {"city": task.city}),
+                                     {"content": f"It is {task.temperature} °C."}), None)
+    assert done.completed and done.calls_clean and done.turns == 3
+    repaired = agent.run(task, _scripted(_call("get_weather", {"city": task.city}),
+                                         _call("get_temperature", {"town": task.city}),
+                                         _call("get_temperature", {"city": task.city}),
+                                         {"content": f"{task.temperature} °C"}), "hermes")
+    assert repaired.completed and not repaired.calls_clean and len(repaired.malformed) == 2
+    guessed = agent.run(task, _scripted(_call("get_temperature", {"city": task.country}), {"content": "It is 20 °C."}),
+                        None)
+    assert not guessed.completed and guessed.calls_clean  # well-formed, wrong: the task's figure, not the calls'
+    leaked = agent.run(task, _scripted({"content": '<tool_call>\n{"name": "get_capital"}\n</tool_call>'}), None)
+    assert leaked.leaked and not leaked.calls_clean and not leaked.completed
+    prose = agent.run(task, _scripted({"content": "I think it is mild."}), None)
+    assert not prose.calls_clean and not prose.completed  # no call at all is not a clean loop
+    endless = agent.run(task, lambda messages: _call("get_capital", {"country": task.country}), None)
+    assert endless.turns == agent.MAX_TURNS and not endless.completed
 
 def _steps(tokens, rng):
     out = []
@@ -180,27 +214,34 @@ def damaged(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(embedded_server, damaged, tmp_path_factory):
-    """before: the good engine (its floor); again: the same engine gated on before; worse: the damaged one, without
-    a floor, gated on before; below: the damaged one held to the recipe's floor, no baseline. Two at a time, one on
-    each engine (each on a core of its own). name -> (file, run)."""
+def runs(embedded_server, gateway, damaged, tmp_path_factory):
+    """before: the good engine (its floor), probes and agent episodes; again: the same engine gated on before; worse:
+    the damaged one, without a floor, gated on before; agent: the damaged one's agent episodes gated on before; below:
+    the damaged one held to the recipe's floor, no baseline; leaks: the good engine's agent episodes and single tool
+    calls behind a gateway that turns every call into text, gated on before. Two to four at a time (greedy answers on
+    the CPU engine do not depend on what shares their batch: README). name -> (file, run)."""
     d = tmp_path_factory.mktemp("quality")
     with_floor, floorless, srv = damaged
 
-    def run(name, url, proves, *args):
+    def run(name, url, proves, *args, checks=CHECKS):
         return name, (node_id(__name__, proves),
-                      ["-s", "-m", "serving", "-k", CHECKS, "--level=quick", "--recipe=smollm2-cpu",
+                      ["-s", "-m", "serving", "-k", checks, "--level=quick", "--recipe=smollm2-cpu",
                        f"--base-url={url}", f"--results-json={d / name}.json", *args])
     gate = f"--baseline={d / 'before.json'}"
     good = "test_the_good_engine_meets_the_recipes_floor_and_a_second_run_passes_its_gate"
+    both = f"{CHECKS} or {AGENT}"
     out = run_suites_at_once(dict([
-        run("before", embedded_server.base_url, good),
+        run("before", embedded_server.base_url, good, checks=both),
         run("below", srv.base_url, "test_damaged_weights_fail_the_recipes_floor_without_a_baseline",
             f"--recipes-dir={with_floor}")]), d)
     out |= run_suites_at_once(dict([
-        run("again", embedded_server.base_url, good, gate),
+        run("again", embedded_server.base_url, good, gate, checks=both),
         run("worse", srv.base_url, "test_damaged_weights_that_answer_wrongly_in_clean_text_fail_the_quality_gate_with_"
-            "its_own_message", gate, f"--recipes-dir={floorless}")]), d)
+            "its_own_message", gate, f"--recipes-dir={floorless}"),
+        run("agent", srv.base_url, "test_damaged_weights_that_stop_calling_tools_fail_the_agent_calls_check_with_its_"
+            "own_message", gate, f"--recipes-dir={floorless}", checks=AGENT),
+        run("leaks", f"{gateway}/calls-as-text", "test_calls_left_as_text_fail_the_agent_calls_check_pointing_at_the_"
+            "tool_checks", gate, checks=f"{AGENT} or tool_choice_auto")]), d)
     return {name: (d / f"{name}.json", result) for name, result in out.items()}
 
 
@@ -215,6 +256,22 @@ def test_the_good_engine_meets_the_recipes_floor_and_a_second_run_passes_its_gat
     out = runs["again"][1].stdout.str()
     assert "against the baseline: smollm2-cpu [QUAL-ANSWERS] " in out, out[-4000:]
     assert "the engine's own rerun of " in out
+    assert re.search(r"against the baseline: smollm2-cpu \[QUAL-AGENT-CALLS\] (\d+)/16 right before", out), out[-4000:]
+    # The embedded model completes a few of its 16 agent tasks: too few for a loss to be significant, and it says so.
+    assert re.search(r"\[QUAL-AGENT-TASKS\] could not run: the baseline has \d of 16 episodes completed .*: even "
+                     r"losing all of them would not be significant", out), out[-4000:]
+
+
+def test_damaged_weights_that_stop_calling_tools_fail_the_agent_calls_check_with_its_own_message(runs):
+    """The damaged engine answers the agent's questions in prose without calling a tool: the episodes whose calls all
+    reached tool_calls[] well-formed fall from most of the 16 to none, which McNemar's test calls worse."""
+    out = runs["agent"][1].stdout.str()
+    assert _failed(out) == ["QUAL-AGENT-CALLS"], out[-6000:]
+    assert "expected: no significant loss of episodes with every call in tool_calls[] well-formed against the " \
+           "baseline (McNemar's exact test" in out, out[-4000:]
+    assert re.search(r"found:    \d+/16 right before, \d+/16 after: \d+ went from right to wrong, 0 from wrong to "
+                     r"right .*; lost: agent-\d+ \(", out), out[-4000:]
+    assert "the same defect as" not in out  # its own failure: no call at all, not a call left in the content
 
 
 def test_damaged_weights_that_answer_wrongly_in_clean_text_fail_the_quality_gate_with_its_own_message(runs):
@@ -225,6 +282,18 @@ def test_damaged_weights_that_answer_wrongly_in_clean_text_fail_the_quality_gate
     assert "right to wrong: " in out and "the same defect as SERVE-SANITY's" not in out
 
 
+def test_calls_left_as_text_fail_the_agent_calls_check_pointing_at_the_tool_checks(runs):
+    """One defect, one failure: behind a server whose tool parser does not match the model's format, every call stays
+    in the content. SERVE-TOOLS-AUTO fails on it; QUAL-AGENT-CALLS, which loses its episodes to it, points there."""
+    out = runs["leaks"][1].stdout.str()
+    assert _failed(out) == ["QUAL-AGENT-CALLS", "SERVE-TOOLS-AUTO"], out[-6000:]
+    assert re.search(r"found:    \d+/16 right before, 0/16 after: \d+ went from right to wrong, 0 from wrong to "
+                     r"right .*; lost: agent-\d+ \(.*leaked call '<tool_call>", out), out[-4000:]
+    assert "(the same defect as SERVE-TOOLS-AUTO's, which diagnoses tool calls left as text in the content" in out
+    tools = out[out.index("[SERVE-TOOLS-AUTO] With tool_choice=auto"):]
+    assert "found:    no tool call at all; content '<tool_call>" in tools and "the same defect as" not in tools, tools
+
+
 def test_damaged_weights_fail_the_recipes_floor_without_a_baseline(runs):
     out = runs["below"][1].stdout.str()
     assert _failed(out) == ["QUAL-ANSWERS"], out[-6000:]
@@ -232,12 +301,15 @@ def test_damaged_weights_fail_the_recipes_floor_without_a_baseline(runs):
 
 
 def test_compare_says_whether_answers_got_worse_with_a_p_value(runs):
-    base, again, worse = (load(runs[n][0]) for n in ("before", "again", "worse"))
+    base, again, worse, agent = (load(runs[n][0]) for n in ("before", "again", "worse", "agent"))
     same, damaged = compare(base, again), compare(base, worse)
-    assert not same.worse_answers and damaged.worse_answers, (report(same), report(damaged))
+    assert not same.worse_answers and [a.check for a in damaged.worse_answers] == ["QUAL-ANSWERS"], \
+        (report(same), report(damaged))
+    assert [a.check for a in compare(base, agent).worse_answers] == ["QUAL-AGENT-CALLS"], report(compare(base, agent))
     text = report(damaged)
     assert "answers worse: smollm2-cpu [QUAL-ANSWERS] " in text and "p=" in text and "the baseline's own rerun" in text
-    assert "answers (quality probes, paired):" in report(same)
+    assert "answers (quality probes and agent episodes, paired):" in report(same)
+    assert "smollm2-cpu [QUAL-AGENT-CALLS] " in report(same)
 
 
 def test_a_recipe_without_a_floor_and_a_run_without_a_baseline_could_not_run_and_say_how(runs, embedded_server,

@@ -17,7 +17,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from sparkgate import link, redact
+from sparkgate import agent, link, redact
 from sparkgate.guard import Recorder
 from sparkgate.launch.container_spec import SAVED_SUFFIX, docker_run
 from sparkgate.launch.docker_launcher import restore_commands
@@ -238,3 +238,27 @@ def test_what_the_box_says_of_its_link_is_read_or_refused_never_a_crash_and_prin
     summary = re.search(r"\d+ packets transmitted, \d+ (packets )?received", text, re.ASCII)
     assert ping.refused == (summary is None) and (ping.sent, ping.received) >= (0, 0)
     assert ping.error.isascii() and ping.error.isprintable()
+
+
+CALL_WORDS = st.sampled_from(["get_capital", "get_temperature", "country", "city", "Paris", "<tool_call>", "{", "}"])
+MESSAGES = st.recursive(st.none() | st.booleans() | st.integers() | CALL_WORDS | st.text(max_size=12),
+                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                            st.sampled_from(["content", "tool_calls", "function", "name", "arguments", "id", "x"]),
+                            inner, max_size=4), max_leaves=16)
+
+
+@settings(max_examples=400, deadline=None)
+@given(answers=st.lists(st.dictionaries(st.sampled_from(["content", "tool_calls", "role"]), MESSAGES, max_size=3),
+                        min_size=1, max_size=agent.MAX_TURNS))
+def test_an_agent_episode_reads_any_messages_a_server_returns_and_ends_within_its_turns(answers):
+    """A server's messages are untrusted: whatever their shape, the harness repairs or ends the episode, never raises,
+    and asks no more than MAX_TURNS times."""
+    asked = []
+
+    def send(messages):
+        json.dumps(messages)  # what goes back to the server is always JSON
+        asked.append(messages)
+        return answers[min(len(asked), len(answers)) - 1]
+    episode = agent.run(agent.tasks(1)[0], send, "hermes")
+    assert len(asked) == episode.turns <= agent.MAX_TURNS
+    assert isinstance(episode.describe(), str) and episode.completed in (True, False)

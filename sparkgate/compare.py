@@ -71,9 +71,11 @@ class FigureComparison:
 
 @dataclass
 class AnswersComparison:
-    """One recipe's quality probes, before and after."""
+    """One recipe's answers to one check's probes (QUAL-ANSWERS' questions, QUAL-AGENT-*'s episodes), before and
+    after."""
 
     recipe: str
+    check: str
     flips: quality.Flips
     moved: quality.Movement | None  # how far the answers moved from the baseline's
     noise: quality.Movement | None  # how far the baseline's own rerun moved (the engine's noise)
@@ -86,7 +88,7 @@ class AnswersComparison:
     def describe(self) -> str:
         moved = f"; moved: {self.moved.describe()}" if self.moved else ""
         noise = f" (the baseline's own rerun: {self.noise.describe()})" if self.noise else ""
-        return f"{self.recipe} [QUAL-ANSWERS] {self.flips.describe()}{moved}{noise}"
+        return f"{self.recipe} [{self.check}] {self.flips.describe()}{moved}{noise}"
 
 
 @dataclass
@@ -181,13 +183,13 @@ def compare(base: Results, cand: Results, tolerance_pct: float = TOLERANCE_PCT, 
         else:
             out.figures.append(compare_figure(b, c, tolerance_pct, alpha))
     answered = first_answers(cand.answers)
-    for recipe, before in first_answers(base.answers).items():
-        if not (pairs := paired(before, answered.get(recipe, {}))):
+    for (recipe, check), before in first_answers(base.answers).items():
+        if not (pairs := paired(before, answered.get((recipe, check), {}))):
             # None answered, or all asked differently (another version of the probe set): nothing to pair.
-            out.missing.append(f"{recipe} [QUAL-ANSWERS] answers to the baseline's probes, asked the same way")
+            out.missing.append(f"{recipe} [{check}] answers to the baseline's probes, asked the same way")
             continue
-        out.answers.append(compare_answers(recipe, pairs, answered[recipe],
-                                           [a for a in base.answers if a.recipe == recipe]))
+        out.answers.append(compare_answers(recipe, check, pairs, answered[(recipe, check)],
+                                           [a for a in base.answers if (a.recipe, a.check) == (recipe, check)]))
     if mismatched:
         raise NotComparable("these figures were measured differently, so their numbers do not compare:\n  "
                             + "\n  ".join(mismatched))
@@ -197,12 +199,13 @@ def compare(base: Results, cand: Results, tolerance_pct: float = TOLERANCE_PCT, 
     return out
 
 
-def first_answers(answers: list[Answer]) -> dict[str, dict[str, Answer]]:
-    """Each recipe's first answer to each probe (the reruns are the noise, not the outcome)."""
-    out: dict[str, dict[str, Answer]] = {}
+def first_answers(answers: list[Answer]) -> dict[tuple[str, str], dict[str, Answer]]:
+    """(recipe, check) -> each probe's first answer (the reruns are the noise, not the outcome): each check's probes
+    are paired and tested on their own."""
+    out: dict[tuple[str, str], dict[str, Answer]] = {}
     for a in answers:
         if not a.rerun:
-            out.setdefault(a.recipe, {}).setdefault(a.probe, a)
+            out.setdefault((a.recipe, a.check), {}).setdefault(a.probe, a)
     return out
 
 
@@ -222,16 +225,16 @@ def rerun_noise(answers: list[Answer]) -> quality.Movement | None:
     return quality.movement(first, again) if again else None
 
 
-def compare_answers(recipe: str, before: dict[str, Answer], after: dict[str, Answer],
+def compare_answers(recipe: str, check: str, before: dict[str, Answer], after: dict[str, Answer],
                     base_all: list[Answer] | None = None) -> AnswersComparison:
     """Paired outcomes (McNemar), how far the answers moved, and the baseline's own rerun noise (of `base_all`,
-    the baseline's answers with its reruns)."""
+    the baseline's answers to the same check with its reruns)."""
     flips = quality.flips({p: a.right for p, a in before.items()}, {p: a.right for p, a in after.items()})
     moved = quality.movement({p: _steps(a) for p, a in before.items()}, {p: _steps(a) for p, a in after.items()})
     noise = rerun_noise(base_all or [])
     lost = [f"{p}: {before[p].text[:40]!r} -> {after[p].text[:40]!r}" for p in sorted(set(before) & set(after))
             if before[p].right and not after[p].right]
-    return AnswersComparison(recipe, flips, moved, noise, lost)
+    return AnswersComparison(recipe, check, flips, moved, noise, lost)
 
 
 def report(comparison: Comparison, tolerance_pct: float = TOLERANCE_PCT, alpha: float = ALPHA) -> str:
@@ -254,7 +257,7 @@ def report(comparison: Comparison, tolerance_pct: float = TOLERANCE_PCT, alpha: 
                      f"(p < {alpha:g}), no answers significantly worse, no check newly failing")
     if comparison.answers:
         lines.append("")
-        lines.append("answers (quality probes, paired):")
+        lines.append("answers (quality probes and agent episodes, paired):")
         lines += [f"  {a.describe()}: {'WORSE' if a.worse else 'not significantly worse'}" for a in comparison.answers]
     lines.append("")
     lines.append(f"{'figure':70} {'baseline':>22} {'candidate':>22} {'change':>8} {'p':>8}  verdict")

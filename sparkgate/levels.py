@@ -17,6 +17,9 @@ MIN_OUTPUT = 64  # tokens: enough steps of decode for a rate with a spread; the 
 # (README: noise at 0.03 of the weights' spread) and not to 86 (0.02).
 QUICK_PROBES = 27
 STANDARD_PROBES = 135
+# Agent tasks (QUAL-AGENT-*): the same test needs 7 episodes right in the baseline to see them all lost; quick's 16 gave
+# the embedded model 11 with clean calls (sparkgate.agent has 29 tasks in all).
+QUICK_AGENT_TASKS = 16
 LONG_SHAPE_CHECKS = ("PERF-LONG-DECODE", "PERF-LONG-PREFILL", "PERF-SUSTAINED")
 
 
@@ -33,6 +36,7 @@ class Level:
     capacity_past_max_seqs: bool  # PERF-CAPACITY: one doubling past --max-num-seqs (requests queue: TTFT shows it)
     long_shapes: bool  # PERF-LONG-*, PERF-SUSTAINED: a ~30K-token prompt, sustained load
     quality_probes: int = 0  # QUAL-ANSWERS: the first N of the probe set (sparkgate.quality); 0: all of them
+    agent_tasks: int = 0  # QUAL-AGENT-*: the first N agent tasks (sparkgate.agent); 0: all of them
     weights_gib: float = 0  # HOST-WEIGHTS-WHOLE: hash the smallest files of the cached model up to this; 0: every file
 
     def runs(self, check: str) -> bool:
@@ -54,7 +58,7 @@ LEVELS = {
                             "no long shapes; the cached weights sampled (4 GiB of them hashed)",
                    output_share=0.25, natural_requests=2, forced_rounds=3, single_rounds=3, batch_rounds=3,
                    counted_requests=2, capacity_past_max_seqs=False, long_shapes=False, quality_probes=QUICK_PROBES,
-                   weights_gib=4),
+                   agent_tasks=QUICK_AGENT_TASKS, weights_gib=4),
     # The gate's level, for regressions smaller than twice as slow: PERF-CONCURRENT's 5 bursts at c > 1 are the fewest
     # that flagged a 63% drop at 4 concurrent on the project's CI VM (3 bursts: p = 0.018, not flagged).
     "standard": Level("standard", "every layer, the repetitions the upgrade gate's statistic needs; no long shapes",

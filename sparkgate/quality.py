@@ -19,6 +19,7 @@ Pure code: no requests and no verdicts (tests/serving/test_quality.py asks and j
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -37,6 +38,9 @@ STEPS_KEPT = 32  # generated tokens recorded per answer: answers part within a f
 # model's 1,000 would not fit a results file
 DECIMALS = 3  # log-probabilities are recorded to this many decimals
 RERUN_SHARE = 8  # the check answers every RERUN_SHARE-th probe twice: the engine's own rerun noise
+# The fewest right-to-wrong flips (and none the other way) McNemar's exact test calls worse: 2^-k < ALPHA. A baseline
+# with fewer right answers than this cannot show a loss at all.
+SMALLEST_LOSS = math.ceil(math.log2(1 / ALPHA))
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,11 @@ def probe_set(n: int | None = None) -> list[QualityProbe]:
     for i in range(max(map(len, families))):
         order += [f[i] for f in families if i < len(f)]
     return order[:n] if n else order
+
+
+def digest(prompt: str) -> str:
+    """The prompt's hash, by which results files pair answers: the same id asked differently does not pair."""
+    return hashlib.sha256(prompt.encode()).hexdigest()[:16]
 
 
 def by_kind(answers: Iterable[Any]) -> str:

@@ -179,21 +179,22 @@ def plots(measured: list[Measurement]) -> dict[str, str]:
 
 # ---- the summary ---------------------------------------------------------------------------------------
 
-ANSWER_COLUMNS = ["recipe", "right", "by family", "against the baseline", "wrong (first 3)"]
+ANSWER_COLUMNS = ["recipe", "check", "right", "by family", "against the baseline", "wrong (first 3)"]
 
 
 def answer_rows(answers: list[Answer], baseline: list[Answer] | None = None) -> list[list[str]]:
-    """One row per recipe of the quality probes' answers: how many right, by family, and (with a baseline) the
-    paired verdict of sparkgate.compare."""
+    """One row per recipe and check of the answers (quality probes, agent episodes): how many right, by family, and
+    (with a baseline) the paired verdict of sparkgate.compare."""
     now, before = first_answers(answers), first_answers(baseline or [])
     rows = []
-    for recipe, first in now.items():
+    for (recipe, check), first in now.items():
         gate = "no baseline" if baseline is None else "the baseline has no answers to pair with these"
-        if pairs := paired(before.get(recipe, {}), first):
-            c = compare_answers(recipe, pairs, first, [a for a in baseline or [] if a.recipe == recipe])
+        if pairs := paired(before.get((recipe, check), {}), first):
+            c = compare_answers(recipe, check, pairs, first,
+                                [a for a in baseline or [] if (a.recipe, a.check) == (recipe, check)])
             gate = ("WORSE: " if c.worse else "not significantly worse: ") + c.flips.describe()
         wrong = [f"{a.probe}: {a.text[:40]!r}" for a in first.values() if not a.right][:3]
-        rows.append([recipe, f"{sum(a.right for a in first.values())}/{len(first)}",
+        rows.append([recipe, check, f"{sum(a.right for a in first.values())}/{len(first)}",
                      quality.by_kind(first.values()), gate, "; ".join(wrong)])
     return rows
 
@@ -238,7 +239,7 @@ def summary_html(outcomes: list[CheckResult], measured: list[Measurement], answe
                 f'<img alt="{_esc(t)}" title="{_esc(t)}" src="data:image/png;base64,{b}">'
                 for t, b in images.items()) + "</div>")
     if answers:
-        parts.append('<h2 id="sparkgate-answers">Answers (quality probes)</h2>')
+        parts.append('<h2 id="sparkgate-answers">Answers (quality probes, agent episodes)</h2>')
         parts.append(_table(ANSWER_COLUMNS, [list(r) for r in answers]))
     skips = skips_by_reason(outcomes)
     if skips:
@@ -270,7 +271,7 @@ def summary_markdown(outcomes: list[CheckResult], measured: list[Measurement], e
         lines += ["| " + " | ".join(md_text(c) for c in _fmt(m)) + " |" for m in measured]
         lines.append("")
     if answers:
-        lines += ["### Answers (quality probes)", "", "| " + " | ".join(ANSWER_COLUMNS) + " |",
+        lines += ["### Answers (quality probes, agent episodes)", "", "| " + " | ".join(ANSWER_COLUMNS) + " |",
                   "|" + " --- |" * len(ANSWER_COLUMNS)]
         lines += ["| " + " | ".join(md_text(c) for c in r) + " |" for r in answers]
         lines.append("")

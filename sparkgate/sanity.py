@@ -521,6 +521,9 @@ def reasoning_of(message: Mapping[str, Any]) -> tuple[str | None, str]:
     return None, ""
 
 
+TOOL_CALL_TAGS = ("leaked special token <tool_call>", "leaked special token </tool_call>")
+
+
 def scan_message(message: Mapping[str, Any], prompt: str = "") -> list[Finding]:
     """Findings for one chat answer (a `message` or an assembled stream): its content and reasoning, and
     the guide's fingerprint, a literal <tool_call> in content while tool_calls stays empty."""
@@ -530,8 +533,8 @@ def scan_message(message: Mapping[str, Any], prompt: str = "") -> list[Finding]:
     prose = _blank(content, _FENCED, _INLINE)  # a `<tool_call>` quoted as code is talked about, not leaked
     if "<tool_call>" in prose and not message.get("tool_calls"):
         at = prose.index("<tool_call>")
-        # Reported once, as the fingerprint, not again as a plain leaked token.
-        findings = [f for f in findings if not (f.kind == "special-token" and "<tool_call>" in f.what)]
+        # Reported once, as the fingerprint, not again as plain leaked tokens (its closing tag included).
+        findings = [f for f in findings if not (f.kind == "special-token" and f.what.startswith(TOOL_CALL_TAGS))]
         findings.insert(0, Finding(
             "tool-call-leak", at,
             f"the guide's garbage fingerprint: a literal <tool_call> in content (char {at}) while tool_calls[] "

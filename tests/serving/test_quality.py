@@ -5,7 +5,6 @@ The guide calls output quality the biggest gap: an uncalibrated FP8 KV scale too
 #19292), and a cutlass-dsl release answered MoE layers wrongly on sm_121a (NVIDIA/cutlass#3227), in fluent text.
 """
 
-import hashlib
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -20,10 +19,6 @@ WHY = ("a tokens/sec win is worthless if it costs correctness (the guide): an im
 FIX = ("keep the baseline's image and flags; try the change's parts one at a time (KV cache dtype first: without "
        "calibrated scales an FP8 KV cache loses accuracy, vLLM PR #19292), and read the flipped probes below")
 THINKING_BUDGET = 1024  # tokens a reasoning recipe may think before its short answer
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @pytest.fixture
@@ -65,7 +60,8 @@ def test_the_probes_are_answered_right_as_often_as_the_floor_and_the_baseline_sa
         text = message.get("content") if isinstance(message.get("content"), str) else ""
         if i < len(probes) and sanity.scan_message(message, probe.prompt):
             garbage.add(probe.id)
-        kept.append(Answer(recipe=recipe.name, check=check.id, probe=probe.id, prompt_digest=_digest(probe.prompt),
+        kept.append(Answer(recipe=recipe.name, check=check.id, probe=probe.id,
+                           prompt_digest=quality.digest(probe.prompt),
                            right=probe.right(text), text=text[:400], rerun=i >= len(probes),
                            steps=[Step(text=t, logprob=lp, top=top) for t, lp, top in quality.steps_of(choice)]))
     results.add_answers(kept)
@@ -100,8 +96,7 @@ def test_the_probes_are_answered_right_as_often_as_the_floor_and_the_baseline_sa
                    found=f"{right}/{len(probes)} right ({right / len(probes):.0%}); wrong: {_some(wrong)}",
                    why=why(sum(a.right for a in clean.values()) < floor.min_right * len(clean)))
     if baseline_answers is not None:
-        before = paired(first_answers([a for a in baseline_answers if a.check == check.id]).get(recipe.name, {}),
-                        first)
+        before = paired(first_answers(baseline_answers).get((recipe.name, check.id), {}), first)
         if not before:
             had = [a for a in baseline_answers if a.check == check.id]
             why_not = (f"its {len(had)} answers are to probes asked differently (another version of the probe set)"
@@ -112,7 +107,8 @@ def test_the_probes_are_answered_right_as_often_as_the_floor_and_the_baseline_sa
                                  "--baseline", "make the baseline again with this version of the suite")
             print(f"  against the baseline: {why_not}")
             return
-        verdict = compare_answers(recipe.name, before, first, baseline_answers)
+        verdict = compare_answers(recipe.name, check.id, before, first,
+                                  [a for a in baseline_answers if a.check == check.id])
         print(f"  against the baseline: {verdict.describe()}")
         on_clean = quality.flips({p: a.right for p, a in before.items() if p in clean},
                                  {p: a.right for p, a in clean.items()})

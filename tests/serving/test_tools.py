@@ -1,7 +1,8 @@
 """Tool calls arrive as tool_calls[] with arguments that parse and validate, never as text in the content.
 
-The guide's failure fingerprint is a literal `<tool_call>` in the content while tool_calls[] stays empty:
-every answer here goes through the sanity detector, which reports exactly that.
+The guide's failure fingerprint is a literal `<tool_call>` in the content while tool_calls[] stays empty: where a
+check asks for a call, that is its own failure (no tool call, the content quoted, the parser named in the fix). Every
+answer still goes through the sanity detector, and other garbage points at SERVE-SANITY.
 """
 
 import json
@@ -13,6 +14,8 @@ from sparkgate import sanity
 from sparkgate.probes import TIME_SCHEMA, WEATHER_SCHEMA, chat_body, time_tool, tool_history, weather_tool
 
 SCHEMAS = {"get_weather": WEATHER_SCHEMA, "get_time": TIME_SCHEMA}
+# A call left as text in the content is these checks' own finding (no tool call, the content quoted), not garbage.
+OWN = ("tool-call-leak",)
 TOOLS_FIX = ("serve with --enable-auto-tool-choice and the --tool-call-parser that matches the model's format "
              "(qwen3_coder or qwen3_xml for Qwen3, hermes for Hermes-style templates); a `<tool_call>` left in "
              "the content means the parser did not recognise the model's output")
@@ -59,16 +62,24 @@ def tools_body(server, question, tools, **extra):
     return chat_body(server.served_name, question, max_tokens=96, tools=tools, **extra)
 
 
+def ask(endpoint, body, label=""):
+    """The answer's message, and why it fails if it does: a call cut off at max_tokens is a model that loops (the
+    garbage SERVE-SANITY diagnoses), not a parser that missed it."""
+    choice = endpoint.chat(body, label, judged_here=OWN)["choices"][0]
+    cut = choice.get("finish_reason") == "length"
+    return choice.get("message") or {}, (sanity.CUT_SHORT_WHY if cut else None)
+
+
 @pytest.mark.check("SERVE-TOOLS-REQUIRED", why="agents force a tool call with tool_choice=required; an answer "
                    "without one stalls the agent loop", fix=TOOLS_FIX)
 def test_tool_choice_required_returns_valid_tool_calls(check, server, endpoint, tools_declared):
     """With tool_choice=required the answer MUST be tool_calls whose arguments validate against the schema."""
     body = tools_body(server, "What is the weather in Paris?", [weather_tool(strict=True), time_tool(strict=True)],
                       tool_choice="required")
-    message = endpoint.chat(body)["choices"][0]["message"]
+    message, why = ask(endpoint, body)
     problems = call_problems(message.get("tool_calls"))
     check.that(not problems, expected="tool_calls[] with JSON arguments valid against the tool's schema",
-               found=f"{'; '.join(problems)}; message {json.dumps(message)[:300]}")
+               found=f"{'; '.join(problems)}; message {json.dumps(message)[:300]}", why=why)
 
 
 @pytest.mark.check("SERVE-TOOLS-NAMED", why="clients name the function they need; a call to another, or "
@@ -77,10 +88,10 @@ def test_a_named_tool_choice_calls_that_function(check, server, endpoint, tools_
     """With tool_choice naming a function the answer MUST be a call to that function with valid arguments."""
     body = tools_body(server, "What is the weather in Paris?", [weather_tool(strict=True), time_tool(strict=True)],
                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    message = endpoint.chat(body)["choices"][0]["message"]
+    message, why = ask(endpoint, body)
     problems = call_problems(message.get("tool_calls"), expect_name="get_weather", expect_value="Paris")
     check.that(not problems, expected="one get_weather call with valid arguments naming Paris",
-               found=f"{'; '.join(problems)}; message {json.dumps(message)[:300]}")
+               found=f"{'; '.join(problems)}; message {json.dumps(message)[:300]}", why=why)
 
 
 @pytest.mark.check("SERVE-TOOLS-AUTO", why="with tool_choice=auto (what agents send) the model's call must be "
@@ -98,10 +109,10 @@ def test_tool_choice_auto_picks_the_right_tool_of_two(check, server, recipe, end
     history = tool_history(recipe.arg("--tool-call-parser"))
     body = tools_body(server, question, [weather_tool(), time_tool()], tool_choice="auto")
     body["messages"][:0] = history
-    message = endpoint.chat(body)["choices"][0]["message"]
+    message, why = ask(endpoint, body)
     problems = call_problems(message.get("tool_calls"), expect_name, expect_value)
     check.that(not problems, expected=f"a {expect_name} call naming {expect_value} in tool_calls[]",
-               found=f"{'; '.join(problems)}; content {(message.get('content') or '')[:200]!r}")
+               found=f"{'; '.join(problems)}; content {(message.get('content') or '')[:200]!r}", why=why)
 
 
 @pytest.mark.check("SERVE-TOOLS-STREAM", why="streaming agents assemble a call from deltas: the first carries "
@@ -127,10 +138,10 @@ def test_a_tool_result_sent_back_is_used_in_the_answer(check, server, endpoint, 
     tools = [weather_tool(strict=True)]
     first = tools_body(server, "What is the weather in Paris?", tools,
                        tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    message = endpoint.chat(first, label="the call")["choices"][0]["message"]
+    message, why = ask(endpoint, first, "the call")
     calls = message.get("tool_calls") or []
     check.that(not call_problems(calls), expected="a valid get_weather call to answer",
-               found=f"{call_problems(calls)}; message {json.dumps(message)[:300]}")
+               found=f"{call_problems(calls)}; message {json.dumps(message)[:300]}", why=why)
     call = calls[0]
     result = {"city": "Paris", "temperature_c": 31, "sky": "sunny"}  # 31: an unlikely guess
     second = {**tools_body(server, "", tools), "messages": [

@@ -1,0 +1,182 @@
+"""An agent loop as a probe family: the model must call a tool, read its result, call the next and answer, as an agent
+harness drives it, many turns on one conversation.
+
+The task: the temperature in the capital of a country. `get_capital` answers the capital, `get_temperature` a
+temperature no model can know (a number made from the city's name) and only for a capital, so only an answer that went
+through both calls, or knew the capital and called the second, carries it. The harness repairs what it can, as real
+ones do: a call to an unknown tool, or with arguments that are not a JSON object with the required field, gets an error
+as its result and the loop goes on. A call left as text in the content (no tool_calls[]) is a leaked call: the agent
+never sees it, and the episode ends there.
+
+Per episode, two outcomes the gate pairs with the baseline's (sparkgate.quality.flips):
+- completed: the answer carries the task's temperature, within MAX_TURNS requests;
+- calls clean: the model called at least one tool, and every call reached tool_calls[] well-formed.
+
+Pure code: the requests go through `send` (tests/serving/test_agent.py asks and judges).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .probes import hermes_call, tool
+from .quality import CAPITALS, SEED
+
+MAX_TURNS = 5  # requests per episode: two calls, the answer, and room for two repaired calls
+MAX_TOKENS = 96
+COUNTRY = {"type": "object", "properties": {"country": {"type": "string"}}, "required": ["country"]}
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = [tool("get_capital", "Get the capital city of a country", COUNTRY, False),
+         tool("get_temperature", "Get the current temperature in a city, in degrees Celsius", CITY, False)]
+REQUIRED = {"get_capital": "country", "get_temperature": "city"}
+# Small models do not call a tool unprompted when the chat template does not render the tools (SmolLM2's): the
+# system prompt says what they are, as harnesses that inject tool descriptions do.
+SYSTEM = ("You are an agent with two tools. To call one, write <tool_call>{\"name\": NAME, \"arguments\": {...}}"
+          "</tool_call> and stop. get_capital(country) returns a country's capital city. get_temperature(city) "
+          "returns a city's temperature. Call get_capital first, then get_temperature with the city it returned, then "
+          "answer with the temperature.")
+EXAMPLE = ("Germany", "Berlin")  # the worked example in the conversation's history; never a task
+_LEAK = re.compile(r"<tool_call>|\"name\"\s*:\s*\"(?:get_capital|get_temperature)\"")
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str  # stable: agent-N; the gate pairs episodes by it
+    country: str
+    city: str
+
+    @property
+    def question(self) -> str:
+        return f"What is the temperature in the capital of {self.country}?"
+
+    @property
+    def temperature(self) -> int:
+        return temperature(self.city)
+
+
+def temperature(city: str) -> int:
+    """A city's temperature as get_temperature answers it: from its name, 11 to 33 °C, never the example's 9."""
+    return 11 + sum(map(ord, city)) % 23
+
+
+def tasks(n: int | None = None) -> list[Task]:
+    """The first `n` tasks (all of them: None) of one seeded order: the same on every machine and version."""
+    countries = [c for c in CAPITALS if c != EXAMPLE]
+    random.Random(f"{SEED}-agent").shuffle(countries)
+    out = [Task(f"agent-{i}", country, city) for i, (country, city) in enumerate(countries)]
+    return out[:n] if n else out
+
+
+def _assistant_call(name: str, arguments: dict[str, Any], call_id: str, parser: str | None) -> dict[str, Any]:
+    """The assistant's call as the conversation carries it back: in the text for a Hermes template (SmolLM2's
+    template renders no tool_calls), in OpenAI's form for every other parser (their templates render it)."""
+    if parser == "hermes":
+        return {"role": "assistant", "content": hermes_call(name, arguments)}
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+
+
+def _tool_turn(result: dict[str, Any], call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": json.dumps(result)}
+
+
+def history(parser: str | None) -> list[dict[str, Any]]:
+    """The system prompt and one worked episode, as an agent's conversation carries its earlier turns."""
+    country, city = EXAMPLE
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"What is the temperature in the capital of {country}?"},
+            _assistant_call("get_capital", {"country": country}, "call_example_0", parser),
+            _tool_turn({"country": country, "capital": city}, "call_example_0"),
+            _assistant_call("get_temperature", {"city": city}, "call_example_1", parser),
+            _tool_turn({"city": city, "temperature_c": 9}, "call_example_1"),
+            {"role": "assistant", "content": f"It is 9 °C in {city}, the capital of {country}."}]
+
+
+@dataclass
+class Episode:
+    task: Task
+    calls: list[str] = field(default_factory=list)  # each call as the model made it, for the message
+    malformed: list[str] = field(default_factory=list)  # what was wrong with each malformed call
+    leaked: str = ""  # the content that carried a call the server did not parse
+    answer: str = ""
+    turns: int = 0
+
+    @property
+    def completed(self) -> bool:
+        return str(self.task.temperature) in self.answer
+
+    @property
+    def calls_clean(self) -> bool:
+        return bool(self.calls) and not self.malformed and not self.leaked
+
+    def describe(self) -> str:
+        calls = ", ".join(self.calls) or "no call"
+        what = f"leaked call {self.leaked[:80]!r}" if self.leaked else f"answer {self.answer[:80]!r}"
+        bad = f"; malformed: {'; '.join(self.malformed)}" if self.malformed else ""
+        return f"{self.task.id} ({self.task.country}, {self.task.temperature} °C): {calls}; {what}{bad}"
+
+
+def _result(name: str, raw: Any, capitals: Mapping[str, str], cities: set[str]) -> tuple[dict[str, Any], str]:
+    """What the tool answers, and what was wrong with the call ("" if nothing): the harness's repair is the error."""
+    if name not in REQUIRED:
+        return {"error": f"unknown tool {name!r}: the tools are get_capital and get_temperature"}, \
+            f"unknown tool {name!r}"
+    try:
+        args = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        args = None
+    need = REQUIRED[name]
+    if not isinstance(args, dict) or not isinstance(args.get(need), str):
+        return {"error": f"{name} takes a JSON object with a string {need!r}"}, \
+            f"{name} arguments {str(raw)[:60]!r} lack a string {need!r}"
+    value = args[need].strip()
+    if name == "get_capital":
+        return {"country": value, "capital": capitals.get(value.casefold(), "unknown")}, ""
+    if value.casefold() not in cities:  # a well-formed call the task went wrong in: not malformed, not completed
+        return {"error": f"no temperature known for {value!r}: get_temperature takes a capital city"}, ""
+    return {"city": value, "temperature_c": temperature(value)}, ""
+
+
+def run(task: Task, send: Callable[[list[dict[str, Any]]], Mapping[str, Any]], parser: str | None) -> Episode:
+    """One episode: `send(messages)` returns the assistant's message (a server's, untrusted)."""
+    capitals = {c.casefold(): city for c, city in CAPITALS}
+    cities = {city.casefold() for _, city in CAPITALS}
+    messages = [*history(parser), {"role": "user", "content": task.question}]
+    episode = Episode(task)
+    while episode.turns < MAX_TURNS:
+        episode.turns += 1
+        message = send(messages)
+        content = message.get("content") if isinstance(message.get("content"), str) else ""
+        calls = [c for c in message.get("tool_calls") or [] if isinstance(c, Mapping)] \
+            if isinstance(message.get("tool_calls"), list) else []
+        if not calls:
+            if _LEAK.search(content):
+                episode.leaked = content
+            else:
+                episode.answer = content
+            return episode
+        for i, call in enumerate(calls):
+            fn = call.get("function") if isinstance(call.get("function"), Mapping) else {}
+            name, raw = str(fn.get("name")), fn.get("arguments")
+            episode.calls.append(f"{name}({str(raw)[:60]})")
+            result, problem = _result(name, raw, capitals, cities)
+            if problem:
+                episode.malformed.append(problem)
+            call_id = str(call.get("id") or f"call_{episode.turns}_{i}")
+            args = raw if isinstance(raw, dict) else _loads(raw)
+            messages += [_assistant_call(name, args, call_id, parser), _tool_turn(result, call_id)]
+    episode.answer = ""  # no answer within MAX_TURNS
+    return episode
+
+
+def _loads(raw: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {"raw": str(raw)[:200]}
