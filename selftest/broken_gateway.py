@@ -16,6 +16,8 @@ part of the path (`--base-url http://127.0.0.1:PORT/<way>`):
                  KV blocks of another prompt (short prompts fill few blocks: a cache barely touches them)
     stamps       writes a request number at the top of every system message, as a gateway that puts a request id or
                  the time in the system prompt does: no two requests share a prefix, so the prefix cache never hits
+    last-only    forwards only the last message of a conversation, as a gateway that trims the context to a budget
+                 does: an agent's instructions and earlier turns never reach the model
     calls-as-text
                  a chat completion's tool calls come back as Hermes text in the content, tool_calls[] empty, as from a
                  server whose --tool-call-parser does not match the model's format (the guide's fingerprint)
@@ -74,6 +76,16 @@ def asked_something_else(body: bytes) -> bytes:
     return body
 
 
+def last_only(body: bytes) -> bytes:
+    """The request with its conversation trimmed to its last message (unchanged if it has none)."""
+    try:
+        request = json.loads(body)
+        request["messages"] = request["messages"][-1:]
+        return json.dumps(request).encode()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return body
+
+
 def calls_as_text(answer: bytes) -> bytes:
     """A non-streamed chat completion with each message's tool calls written into its content as Hermes text."""
     try:
@@ -129,6 +141,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.seen.add(key)
             if again:
                 body = asked_something_else(body)
+        if way == "last-only" and method == "POST" and body:
+            body = last_only(body)
         if way == "stamps" and method == "POST" and body:
             with self.lock:
                 Handler.stamps += 1

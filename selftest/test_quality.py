@@ -91,9 +91,9 @@ def test_seven_flips_one_way_and_none_back_are_worse_and_six_are_not():
 
 
 def _scripted(*turns):
-    """A send() that answers each turn with the next message, as a server would."""
+    """A send() that answers each turn with the next message, as a server's first choice would."""
     it = iter(turns)
-    return lambda messages: next(it)
+    return lambda messages: {"message": next(it), "finish_reason": "stop"}
 
 
 def _call(name, arguments):
@@ -112,14 +112,16 @@ def test_an_agent_episode_is_completed_only_through_both_tools_and_its_calls_cle
                                          _call("get_temperature", {"city": task.city}),
                                          {"content": f"{task.temperature} °C"}), "hermes")
     assert repaired.completed and not repaired.calls_clean and len(repaired.malformed) == 2
-    guessed = agent.run(task, _scripted(_call("get_temperature", {"city": task.country}), {"content": "It is 20 °C."}),
-                        None)
+    guessed = agent.run(task, _scripted(_call("get_temperature", {"city": task.country}),
+                                        {"content": f"It is {task.temperature + 1} °C."}), None)
     assert not guessed.completed and guessed.calls_clean  # well-formed, wrong: the task's figure, not the calls'
     leaked = agent.run(task, _scripted({"content": '<tool_call>\n{"name": "get_capital"}\n</tool_call>'}), None)
     assert leaked.leaked and not leaked.calls_clean and not leaked.completed
     prose = agent.run(task, _scripted({"content": "I think it is mild."}), None)
     assert not prose.calls_clean and not prose.completed  # no call at all is not a clean loop
-    endless = agent.run(task, lambda messages: _call("get_capital", {"country": task.country}), None)
+    inside = agent.run(task, _scripted({"content": f"About {task.temperature}0 people live there."}), None)
+    assert not inside.completed  # the temperature as a whole number, not inside another
+    endless = agent.run(task, lambda messages: {"message": _call("get_capital", {"country": task.country})}, None)
     assert endless.turns == agent.MAX_TURNS and not endless.completed
 
 def _steps(tokens, rng):
@@ -216,10 +218,12 @@ def damaged(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(embedded_server, gateway, damaged, tmp_path_factory):
     """before: the good engine (its floor), probes and agent episodes; again: the same engine gated on before; worse:
-    the damaged one, without a floor, gated on before; agent: the damaged one's agent episodes gated on before; below:
-    the damaged one held to the recipe's floor, no baseline; leaks: the good engine's agent episodes and single tool
-    calls behind a gateway that turns every call into text, gated on before. Two to four at a time (greedy answers on
-    the CPU engine do not depend on what shares their batch: README). name -> (file, run)."""
+    the damaged one, without a floor, gated on before; below: the damaged one held to the recipe's floor, no baseline;
+    agent: the good engine's agent episodes behind a gateway that trims each conversation to its last message, gated on
+    before; leaks:
+    its agent episodes and single tool calls behind a gateway that turns every call into text, gated on before. Two to
+    four at a time (greedy answers on the CPU engine do not depend on what shares their batch: README). name -> (file,
+    run)."""
     d = tmp_path_factory.mktemp("quality")
     with_floor, floorless, srv = damaged
 
@@ -238,8 +242,8 @@ def runs(embedded_server, gateway, damaged, tmp_path_factory):
         run("again", embedded_server.base_url, good, gate, checks=both),
         run("worse", srv.base_url, "test_damaged_weights_that_answer_wrongly_in_clean_text_fail_the_quality_gate_with_"
             "its_own_message", gate, f"--recipes-dir={floorless}"),
-        run("agent", srv.base_url, "test_damaged_weights_that_stop_calling_tools_fail_the_agent_calls_check_with_its_"
-            "own_message", gate, f"--recipes-dir={floorless}", checks=AGENT),
+        run("agent", f"{gateway}/last-only", "test_a_gateway_that_trims_the_conversation_fails_the_agent_calls_check_"
+            "with_its_own_message", gate, checks=AGENT),
         run("leaks", f"{gateway}/calls-as-text", "test_calls_left_as_text_fail_the_agent_calls_check_pointing_at_the_"
             "tool_checks", gate, checks=f"{AGENT} or tool_choice_auto")]), d)
     return {name: (d / f"{name}.json", result) for name, result in out.items()}
@@ -262,16 +266,17 @@ def test_the_good_engine_meets_the_recipes_floor_and_a_second_run_passes_its_gat
                      r"losing all of them would not be significant", out), out[-4000:]
 
 
-def test_damaged_weights_that_stop_calling_tools_fail_the_agent_calls_check_with_its_own_message(runs):
-    """The damaged engine answers the agent's questions in prose without calling a tool: the episodes whose calls all
-    reached tool_calls[] well-formed fall from most of the 16 to none, which McNemar's test calls worse."""
+def test_a_gateway_that_trims_the_conversation_fails_the_agent_calls_check_with_its_own_message(runs):
+    """Behind a gateway that forwards only a conversation's last message, the model never sees the agent's
+    instructions and answers in clean prose without a call: the episodes whose calls all reached tool_calls[]
+    well-formed fall from most of the 16 to few, which McNemar's test calls worse, and no other check diagnoses it."""
     out = runs["agent"][1].stdout.str()
     assert _failed(out) == ["QUAL-AGENT-CALLS"], out[-6000:]
     assert "expected: no significant loss of episodes with every call in tool_calls[] well-formed against the " \
            "baseline (McNemar's exact test" in out, out[-4000:]
-    assert re.search(r"found:    \d+/16 right before, \d+/16 after: \d+ went from right to wrong, 0 from wrong to "
+    assert re.search(r"found:    \d+/16 right before, \d+/16 after: \d+ went from right to wrong, \d+ from wrong to "
                      r"right .*; lost: agent-\d+ \(", out), out[-4000:]
-    assert "the same defect as" not in out  # its own failure: no call at all, not a call left in the content
+    assert "no call; answer '" in out and "the same defect as" not in out  # its own: clean prose, no call
 
 
 def test_damaged_weights_that_answer_wrongly_in_clean_text_fail_the_quality_gate_with_its_own_message(runs):

@@ -248,11 +248,12 @@ MESSAGES = st.recursive(st.none() | st.booleans() | st.integers() | CALL_WORDS |
 
 
 @settings(max_examples=400, deadline=None)
-@given(answers=st.lists(st.dictionaries(st.sampled_from(["content", "tool_calls", "role"]), MESSAGES, max_size=3),
-                        min_size=1, max_size=agent.MAX_TURNS))
+@given(answers=st.lists(st.dictionaries(st.sampled_from(["message", "finish_reason"]), st.dictionaries(
+    st.sampled_from(["content", "tool_calls", "role"]), MESSAGES, max_size=3) | MESSAGES, max_size=2),
+    min_size=1, max_size=agent.MAX_TURNS))
 def test_an_agent_episode_reads_any_messages_a_server_returns_and_ends_within_its_turns(answers):
-    """A server's messages are untrusted: whatever their shape, the harness repairs or ends the episode, never raises,
-    and asks no more than MAX_TURNS times."""
+    """A server's answers are untrusted: whatever their shape, the harness repairs or ends the episode, never raises,
+    asks no more than MAX_TURNS times, and describes it in printable text (a server's escape codes quoted)."""
     asked = []
 
     def send(messages):
@@ -261,4 +262,4 @@ def test_an_agent_episode_reads_any_messages_a_server_returns_and_ends_within_it
         return answers[min(len(asked), len(answers)) - 1]
     episode = agent.run(agent.tasks(1)[0], send, "hermes")
     assert len(asked) == episode.turns <= agent.MAX_TURNS
-    assert isinstance(episode.describe(), str) and episode.completed in (True, False)
+    assert episode.describe().isprintable() and episode.completed in (True, False)

@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .probes import hermes_call, tool
-from .quality import CAPITALS, SEED
+from .probes import assistant_call, said, tool, tool_turn
+from .quality import CAPITALS, SEED, digest
 
 MAX_TURNS = 5  # requests per episode: two calls, the answer, and room for two repaired calls
 MAX_TOKENS = 96
@@ -72,28 +72,15 @@ def tasks(n: int | None = None) -> list[Task]:
     return out[:n] if n else out
 
 
-def _assistant_call(name: str, arguments: dict[str, Any], call_id: str, parser: str | None) -> dict[str, Any]:
-    """The assistant's call as the conversation carries it back: in the text for a Hermes template (SmolLM2's
-    template renders no tool_calls), in OpenAI's form for every other parser (their templates render it)."""
-    if parser == "hermes":
-        return {"role": "assistant", "content": hermes_call(name, arguments)}
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
-
-
-def _tool_turn(result: dict[str, Any], call_id: str) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "content": json.dumps(result)}
-
-
 def history(parser: str | None) -> list[dict[str, Any]]:
     """The system prompt and one worked episode, as an agent's conversation carries its earlier turns."""
     country, city = EXAMPLE
     return [{"role": "system", "content": SYSTEM},
             {"role": "user", "content": f"What is the temperature in the capital of {country}?"},
-            _assistant_call("get_capital", {"country": country}, "call_example_0", parser),
-            _tool_turn({"country": country, "capital": city}, "call_example_0"),
-            _assistant_call("get_temperature", {"city": city}, "call_example_1", parser),
-            _tool_turn({"city": city, "temperature_c": 9}, "call_example_1"),
+            assistant_call("get_capital", {"country": country}, "call_example_0", parser),
+            tool_turn({"country": country, "capital": city}, "call_example_0"),
+            assistant_call("get_temperature", {"city": city}, "call_example_1", parser),
+            tool_turn({"city": city, "temperature_c": 9}, "call_example_1"),
             {"role": "assistant", "content": f"It is 9 °C in {city}, the capital of {country}."}]
 
 
@@ -105,10 +92,11 @@ class Episode:
     leaked: str = ""  # the content that carried a call the server did not parse
     answer: str = ""
     turns: int = 0
+    cut: bool = False  # a turn ran to max_tokens (inside a call: a model that loops)
 
     @property
     def completed(self) -> bool:
-        return str(self.task.temperature) in self.answer
+        return said(str(self.task.temperature), self.answer)
 
     @property
     def calls_clean(self) -> bool:
@@ -142,15 +130,25 @@ def _result(name: str, raw: Any, capitals: Mapping[str, str], cities: set[str]) 
     return {"city": value, "temperature_c": temperature(value)}, ""
 
 
+def setup_digest(task: Task) -> str:
+    """What an episode's outcome depends on besides the server: the system prompt, the worked example, the tools, the
+    question, the answer the tools lead to and the limits. A baseline's episode pairs only with one run the same way."""
+    return digest(json.dumps([SYSTEM, history(None), TOOLS, task.question, task.city, task.temperature, MAX_TURNS,
+                              MAX_TOKENS]))
+
+
 def run(task: Task, send: Callable[[list[dict[str, Any]]], Mapping[str, Any]], parser: str | None) -> Episode:
-    """One episode: `send(messages)` returns the assistant's message (a server's, untrusted)."""
+    """One episode: `send(messages)` returns the answer's first choice (a server's, untrusted: its message and
+    finish_reason)."""
     capitals = {c.casefold(): city for c, city in CAPITALS}
     cities = {city.casefold() for _, city in CAPITALS}
     messages = [*history(parser), {"role": "user", "content": task.question}]
     episode = Episode(task)
     while episode.turns < MAX_TURNS:
         episode.turns += 1
-        message = send(messages)
+        choice = send(messages)
+        message = choice.get("message") if isinstance(choice.get("message"), Mapping) else {}
+        episode.cut |= choice.get("finish_reason") == "length"
         content = message.get("content") if isinstance(message.get("content"), str) else ""
         calls = [c for c in message.get("tool_calls") or [] if isinstance(c, Mapping)] \
             if isinstance(message.get("tool_calls"), list) else []
@@ -163,13 +161,13 @@ def run(task: Task, send: Callable[[list[dict[str, Any]]], Mapping[str, Any]], p
         for i, call in enumerate(calls):
             fn = call.get("function") if isinstance(call.get("function"), Mapping) else {}
             name, raw = str(fn.get("name")), fn.get("arguments")
-            episode.calls.append(f"{name}({str(raw)[:60]})")
+            episode.calls.append(f"{name[:40]!r}({repr(raw)[:60]})")  # a server's strings: escaped
             result, problem = _result(name, raw, capitals, cities)
             if problem:
                 episode.malformed.append(problem)
             call_id = str(call.get("id") or f"call_{episode.turns}_{i}")
             args = raw if isinstance(raw, dict) else _loads(raw)
-            messages += [_assistant_call(name, args, call_id, parser), _tool_turn(result, call_id)]
+            messages += [assistant_call(name, args, call_id, parser), tool_turn(result, call_id)]
     episode.answer = ""  # no answer within MAX_TURNS
     return episode
 

@@ -185,8 +185,8 @@ def compare(base: Results, cand: Results, tolerance_pct: float = TOLERANCE_PCT, 
     answered = first_answers(cand.answers)
     for (recipe, check), before in first_answers(base.answers).items():
         if not (pairs := paired(before, answered.get((recipe, check), {}))):
-            # None answered, or all asked differently (another version of the probe set): nothing to pair.
-            out.missing.append(f"{recipe} [{check}] answers to the baseline's probes, asked the same way")
+            # None answered, or all asked differently (another version of the probes or episodes): nothing to pair.
+            out.missing.append(f"{recipe} [{check}] answers to the baseline's probes or episodes, asked the same way")
             continue
         out.answers.append(compare_answers(recipe, check, pairs, answered[(recipe, check)],
                                            [a for a in base.answers if (a.recipe, a.check) == (recipe, check)]))
@@ -237,6 +237,13 @@ def compare_answers(recipe: str, check: str, before: dict[str, Answer], after: d
     return AnswersComparison(recipe, check, flips, moved, noise, lost)
 
 
+def answers_verdict(flips: quality.Flips) -> str:
+    """The paired verdict in words; a baseline too weak to show a loss is not called 'not worse'."""
+    if flips.significantly_worse:
+        return "WORSE"
+    return "not significantly worse" if flips.can_show_loss else "not judged: too few right in the baseline"
+
+
 def report(comparison: Comparison, tolerance_pct: float = TOLERANCE_PCT, alpha: float = ALPHA) -> str:
     """The comparison as a person reads it: the verdict first, then every figure side by side."""
     lines = []
@@ -258,7 +265,7 @@ def report(comparison: Comparison, tolerance_pct: float = TOLERANCE_PCT, alpha: 
     if comparison.answers:
         lines.append("")
         lines.append("answers (quality probes and agent episodes, paired):")
-        lines += [f"  {a.describe()}: {'WORSE' if a.worse else 'not significantly worse'}" for a in comparison.answers]
+        lines += [f"  {a.describe()}: {answers_verdict(a.flips)}" for a in comparison.answers]
     lines.append("")
     lines.append(f"{'figure':70} {'baseline':>22} {'candidate':>22} {'change':>8} {'p':>8}  verdict")
     for f in comparison.figures:

@@ -118,29 +118,32 @@ def hermes_call(name: str, arguments: dict[str, Any]) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
-def tool_history(parser: str | None) -> list[dict[str, Any]]:
-    """Two earlier turns in which the assistant called each tool, as an agent's conversation carries.
+def assistant_call(name: str, arguments: dict[str, Any], call_id: str, parser: str | None) -> dict[str, Any]:
+    """An assistant turn that called a tool, as a conversation carries it back to the model. A chat template that
+    does not render `tool_calls` (SmolLM2's) would show the model an empty turn: for the Hermes parser the call is
+    written into the text exactly as a Hermes template renders it; every other parser gets OpenAI's form, which its
+    template renders natively."""
+    if parser == "hermes":
+        return {"role": "assistant", "content": hermes_call(name, arguments)}
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
 
-    A chat template that does not render `tool_calls` (SmolLM2's) would show the model empty assistant
-    turns; for the Hermes parser the calls are therefore written into the text exactly as a Hermes
-    template renders them. Every other parser gets the OpenAI form, which its template renders natively.
-    """
+
+def tool_turn(result: dict[str, Any], call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": json.dumps(result)}
+
+
+def tool_history(parser: str | None) -> list[dict[str, Any]]:
+    """Two earlier turns in which the assistant called each tool, as an agent's conversation carries."""
     calls = [("What is the weather in Berlin?", "get_weather", {"city": "Berlin"},
               {"city": "Berlin", "temperature_c": 12, "sky": "cloudy"}, "It is 12 °C and cloudy in Berlin."),
              ("What time is it in London?", "get_time", {"timezone": "Europe/London"},
               {"timezone": "Europe/London", "time": "14:05"}, "It is 14:05 in London.")]
     turns: list[dict[str, Any]] = []
     for i, (question, name, args, result, answer) in enumerate(calls):
-        turns.append({"role": "user", "content": question})
-        if parser == "hermes":
-            turns.append({"role": "assistant", "content": hermes_call(name, args)})
-            turns.append({"role": "tool", "content": json.dumps(result)})
-        else:
-            call_id = f"call_history_{i}"
-            turns.append({"role": "assistant", "content": None, "tool_calls": [
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]})
-            turns.append({"role": "tool", "tool_call_id": call_id, "content": json.dumps(result)})
-        turns.append({"role": "assistant", "content": answer})
+        call_id = f"call_history_{i}"
+        turns += [{"role": "user", "content": question}, assistant_call(name, args, call_id, parser),
+                  tool_turn(result, call_id), {"role": "assistant", "content": answer}]
     return turns
 
 

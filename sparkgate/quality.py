@@ -62,23 +62,22 @@ def _says(answer: str) -> Callable[[str], bool]:
     return lambda text: said(answer, text)
 
 
-def _first_json_object(text: str) -> dict[str, Any] | None:
-    """The first JSON object in `text` (a model may wrap it in a code fence or a sentence)."""
+def _json_objects(text: str) -> Iterable[dict[str, Any]]:
+    """Every JSON object in `text`, in order (a model may wrap one in a code fence or a sentence, or write a draft
+    first)."""
     for match in re.finditer(r"\{", text):
         try:
             value, _ = json.JSONDecoder().raw_decode(text[match.start():])
         except ValueError:
             continue
         if isinstance(value, dict):
-            return value
-    return None
+            yield value
 
 
 def _json_with(name: str, age: int) -> Callable[[str], bool]:
     def judge(text: str) -> bool:
-        obj = _first_json_object(text)
-        return obj is not None and str(obj.get("name", "")).strip() == name and str(obj.get("age", "")).strip() == \
-            str(age)
+        return any(str(obj.get("name", "")).strip() == name and str(obj.get("age", "")).strip() == str(age)
+                   for obj in _json_objects(text))
     return judge
 
 
@@ -249,10 +248,17 @@ class Flips:
     def significantly_worse(self) -> bool:
         return self.worse > self.better and self.p_value < ALPHA
 
+    @property
+    def can_show_loss(self) -> bool:
+        """Whether losing every right answer would be significant: with fewer right before, the test cannot fail."""
+        return self.right_before >= SMALLEST_LOSS
+
     def describe(self) -> str:
+        blind = "" if self.can_show_loss else \
+            f"; {self.right_before} right before cannot show a loss ({SMALLEST_LOSS} needed)"
         return (f"{self.right_before}/{self.n} right before, {self.right_after}/{self.n} after: {self.worse} went "
                 f"from right to wrong, {self.better} from wrong to right (McNemar's exact test, one-sided, "
-                f"p={self.p_value:.2g})")
+                f"p={self.p_value:.2g}{blind})")
 
 
 def flips(before: Mapping[str, bool], after: Mapping[str, bool]) -> Flips:

@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from . import quality
-from .compare import compare_answers, first_answers, paired
+from .compare import answers_verdict, compare_answers, first_answers, paired
 from .measure import Figure
 from .redact import mask, md_text
 from .results import Answer, CheckResult, Measurement
@@ -192,7 +192,7 @@ def answer_rows(answers: list[Answer], baseline: list[Answer] | None = None) -> 
         if pairs := paired(before.get((recipe, check), {}), first):
             c = compare_answers(recipe, check, pairs, first,
                                 [a for a in baseline or [] if (a.recipe, a.check) == (recipe, check)])
-            gate = ("WORSE: " if c.worse else "not significantly worse: ") + c.flips.describe()
+            gate = f"{answers_verdict(c.flips)}: {c.flips.describe()}"
         wrong = [f"{a.probe}: {a.text[:40]!r}" for a in first.values() if not a.right][:3]
         rows.append([recipe, check, f"{sum(a.right for a in first.values())}/{len(first)}",
                      quality.by_kind(first.values()), gate, "; ".join(wrong)])

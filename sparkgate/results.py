@@ -109,7 +109,8 @@ class Step(BaseModel):
 
 
 class Answer(BaseModel):
-    """One quality probe's answer (sparkgate.quality): what the gate pairs, probe by probe, with the baseline's."""
+    """One quality probe's answer (QUAL-ANSWERS, sparkgate.quality) or one agent episode's outcome (QUAL-AGENT-*,
+    sparkgate.agent): what the gate pairs, per check and probe, with the baseline's."""
 
     recipe: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     check: str
@@ -117,7 +118,8 @@ class Answer(BaseModel):
     prompt_digest: str = Field(pattern=r"^[0-9a-f]{16}$",
                                description="hash of the prompt: a probe of the same id asked differently does not pair")
     right: bool
-    text: str = Field(description="the answer's content, at most 400 characters")
+    text: str = Field(description="the answer's content (an agent episode: its calls and answer), at most 400 "
+                                  "characters")
     rerun: bool = Field(False, description="the same run's second answer to the probe: the engine's own rerun noise")
     steps: list[Step] = Field([], description="the first generated tokens (at most 32: where answers part), each with "
                               "its top-k")
@@ -150,7 +152,7 @@ class Results(BaseModel):
     checks: list[CheckResult] = []
     measurements: list[Measurement] = []
     downtime: list[Downtime] = Field([], description="production set aside by --take-over, and its time down")
-    answers: list[Answer] = Field([], description="the quality probes' answers (schema 3)")
+    answers: list[Answer] = Field([], description="the quality probes' answers and agent episodes' outcomes (schema 3)")
 
     @property
     def measured_level(self) -> str:

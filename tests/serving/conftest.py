@@ -79,6 +79,19 @@ class Endpoint:
         __tracebackhide__ = True
         return self.answer(self.post(body, timeout=timeout), body, label, judged_here)
 
+    def choice(self, body: dict[str, Any], what: str, why: str | None = None) -> dict[str, Any]:
+        """The first choice of a chat completion that must answer 200 with one, not judged for garbage (for checks
+        whose verdict is what the answers say: how many are right)."""
+        __tracebackhide__ = True
+        response = self.post(body)
+        data = self.json_object(response, what)
+        choices = data.get("choices")
+        self.check.that(response.status_code == 200 and isinstance(choices, list) and bool(choices)
+                        and isinstance(choices[0], dict) and isinstance(choices[0].get("message") or {}, dict),
+                        expected=f"HTTP 200 with a choice for {what}",
+                        found=f"HTTP {response.status_code}: {short(response.text)}", why=why)
+        return choices[0]
+
     def json_object(self, response: httpx.Response, what: str) -> dict[str, Any]:
         """The response's JSON object, or the running check fails saying what came instead (HTML, a list)."""
         __tracebackhide__ = True
@@ -119,7 +132,8 @@ class Endpoint:
         self.clean(choices[0].get("message") or {}, body, label, judged_here)
         return data
 
-    def stream(self, body: dict[str, Any], label: str = "", timeout: float | None = None) -> Assembled:
+    def stream(self, body: dict[str, Any], label: str = "", timeout: float | None = None,
+               judged_here: Collection[str] = ()) -> Assembled:
         """A streamed chat completion (with the usage chunk), assembled; it must be clean."""
         __tracebackhide__ = True
         timeout = min(timeout or self.timeout, self.timeout)
@@ -152,7 +166,7 @@ class Endpoint:
                         found=f"{len(out.events)} events in {timeout:.0f} s, still not done: the stream trickles")
         self.check.that(out.error is None, expected="a stream without error events",
                         found=f"the server sent an error mid-stream: {short(out.error)}")
-        self.clean(out.message, body, label)
+        self.clean(out.message, body, label, judged_here)
         return out
 
     def clean(self, message: dict[str, Any], body: dict[str, Any], label: str = "",

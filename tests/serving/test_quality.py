@@ -31,14 +31,8 @@ def answer_all(server, endpoint, recipe):
             extra["chat_template_kwargs"] = {"enable_thinking": True}
         max_tokens = probe.max_tokens + (THINKING_BUDGET if recipe.features.reasoning else 0)
         body = chat_body(server.served_name, probe.prompt, max_tokens=max_tokens, **extra)
-        response = endpoint.post(body)
-        data = endpoint.json_object(response, f"an answer to quality probe {probe.id}")
-        choices = data.get("choices")
-        endpoint.check.that(response.status_code == 200 and isinstance(choices, list) and bool(choices)
-                            and isinstance(choices[0], dict) and isinstance(choices[0].get("message") or {}, dict),
-                            expected=f"HTTP 200 with a choice for quality probe {probe.id}",
-                            found=f"HTTP {response.status_code}: {response.text[:300]!r}")
-        return probe, choices[0].get("message") or {}, choices[0]
+        choice = endpoint.choice(body, f"quality probe {probe.id}")
+        return probe, choice.get("message") or {}, choice
 
     def run(probes):
         seqs = int(recipe.args.value("--max-num-seqs") or 4)

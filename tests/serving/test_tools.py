@@ -63,11 +63,14 @@ def tools_body(server, question, tools, **extra):
 
 
 def ask(endpoint, body, label=""):
-    """The answer's message, and why it fails if it does: a call cut off at max_tokens is a model that loops (the
-    garbage SERVE-SANITY diagnoses), not a parser that missed it."""
+    """The answer's message, and why it fails if it does: a call cut off at max_tokens (its JSON unfinished, parsed or
+    left in the content) is a model that loops, the garbage SERVE-SANITY diagnoses, not a parser that missed it."""
     choice = endpoint.chat(body, label, judged_here=OWN)["choices"][0]
-    cut = choice.get("finish_reason") == "length"
-    return choice.get("message") or {}, (sanity.CUT_SHORT_WHY if cut else None)
+    message = choice.get("message") or {}
+    in_call = "<tool_call>" in str(message.get("content")) or any("arguments are not JSON" in p for p in
+                                                                  call_problems(message.get("tool_calls")))
+    cut = choice.get("finish_reason") == "length" and in_call
+    return message, (sanity.CUT_SHORT_WHY if cut else None)
 
 
 @pytest.mark.check("SERVE-TOOLS-REQUIRED", why="agents force a tool call with tool_choice=required; an answer "
@@ -121,13 +124,14 @@ def test_tool_choice_auto_picks_the_right_tool_of_two(check, server, recipe, end
 def test_streamed_tool_call_deltas_assemble_into_a_valid_call(check, server, endpoint, tools_declared):
     """Streamed tool-call deltas MUST assemble into a call with an id, a name and valid JSON arguments."""
     body = tools_body(server, "What is the weather in Paris?", [weather_tool(strict=True)], tool_choice="required")
-    out = endpoint.stream(body)
+    out = endpoint.stream(body, judged_here=OWN)
     calls = out.message["tool_calls"]
     problems = call_problems(calls, "get_weather") + [f"call {i} has no id" for i, c in enumerate(calls)
                                                         if not c.get("id")]
     cut = out.finish_reason == "length"
     check.that(out.done and not problems, expected="assembled tool_calls with id, name and valid arguments, "
                "then [DONE]", found=f"{'; '.join(problems) or 'no [DONE]'}; assembled {calls}"
+               + (f"; content {(out.message.get('content') or '')[:200]!r}" if not calls else "")
                + (" (finish_reason: length)" if cut else ""), why=sanity.CUT_SHORT_WHY if cut else None)
 
 
