@@ -93,8 +93,6 @@ WHY_NOT_YET = {
                         "machine's CPU engine (vLLM 0.32) sampled drafts are rejected and the answers garbled, greedy "
                         "ones are not (n-gram, 4 requests of 64 tokens: 0 of 108 draft tokens accepted at 0.3, 30 of "
                         "104 at 0; a copy of the model as its own draft: 0 to 3% at 0.3, 48 of 48 greedy)",
-    "QUAL-AGENT-CALLS": "added after the self-test run this table was made from (selftest/test_quality.py proves it "
-                        "both ways): the table is regenerated from the next full run",
     "QUAL-AGENT-TASKS": "both ways need a model that completes at least 7 of a level's agent tasks in the baseline "
                         "(McNemar's exact test sees no loss from fewer): the embedded model completes 3 of quick's 16 "
                         "and 4 of all 29, and no model that completes more ships on the package registries for the "

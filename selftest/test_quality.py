@@ -122,7 +122,8 @@ def test_an_agent_episode_is_completed_only_through_both_tools_and_its_calls_cle
     inside = agent.run(task, _scripted({"content": f"About {task.temperature}0 people live there."}), None)
     assert not inside.completed  # the temperature as a whole number, not inside another
     endless = agent.run(task, lambda messages: {"message": _call("get_capital", {"country": task.country})}, None)
-    assert endless.turns == agent.MAX_TURNS and not endless.completed
+    assert endless.turns == agent.MAX_TURNS and not endless.completed and endless.out_of_turns
+    assert "no answer in 5 turns" in endless.describe() and "answered 'It is" in done.describe()
 
 def _steps(tokens, rng):
     out = []
@@ -275,8 +276,8 @@ def test_a_gateway_that_trims_the_conversation_fails_the_agent_calls_check_with_
     assert "expected: no significant loss of episodes with every call in tool_calls[] well-formed against the " \
            "baseline (McNemar's exact test" in out, out[-4000:]
     assert re.search(r"found:    \d+/16 right before, \d+/16 after: \d+ went from right to wrong, \d+ from wrong to "
-                     r"right .*; lost: agent-\d+ \(", out), out[-4000:]
-    assert "no call; answer '" in out and "the same defect as" not in out  # its own: clean prose, no call
+                     r"right .*; lost: agent-\d+ [\w ]+ \(\d+ °C\): answered .*?; calls: none", out), out[-4000:]
+    assert "the same defect as" not in out  # its own: clean prose, no call
 
 
 def test_damaged_weights_that_answer_wrongly_in_clean_text_fail_the_quality_gate_with_its_own_message(runs):
@@ -293,9 +294,10 @@ def test_calls_left_as_text_fail_the_agent_calls_check_pointing_at_the_tool_chec
     out = runs["leaks"][1].stdout.str()
     assert _failed(out) == ["QUAL-AGENT-CALLS", "SERVE-TOOLS-AUTO"], out[-6000:]
     assert re.search(r"found:    \d+/16 right before, 0/16 after: \d+ went from right to wrong, 0 from wrong to "
-                     r"right .*; lost: agent-\d+ \(.*leaked call '<tool_call>", out), out[-4000:]
+                     r"right .*; lost: agent-\d+ [\w ]+ \(\d+ °C\): leaked call '<tool_call>", out), out[-4000:]
     assert "(the same defect as SERVE-TOOLS-AUTO's, which diagnoses tool calls left as text in the content" in out
-    tools = out[out.index("[SERVE-TOOLS-AUTO] With tool_choice=auto"):]
+    # SERVE-TOOLS-AUTO's own message (up to the next check's or the summary), on its own cause.
+    tools = re.search(r"^\[SERVE-TOOLS-AUTO\] .*?(?=^\[(?:SERVE|QUAL)-|^_{3,}|^=+ |\Z)", out, re.M | re.S).group()
     assert "found:    no tool call at all; content '<tool_call>" in tools and "the same defect as" not in tools, tools
 
 

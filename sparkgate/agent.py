@@ -93,6 +93,7 @@ class Episode:
     answer: str = ""
     turns: int = 0
     cut: bool = False  # a turn ran to max_tokens (inside a call: a model that loops)
+    out_of_turns: bool = False  # still calling after MAX_TURNS requests
 
     @property
     def completed(self) -> bool:
@@ -103,10 +104,14 @@ class Episode:
         return bool(self.calls) and not self.malformed and not self.leaked
 
     def describe(self) -> str:
-        calls = ", ".join(self.calls) or "no call"
-        what = f"leaked call {self.leaked[:80]!r}" if self.leaked else f"answer {self.answer[:80]!r}"
+        """How it ended first (a report's cell shows the first few words), then the calls it made."""
+        if self.leaked:
+            ended = f"leaked call {self.leaked[:80]!r}"
+        else:
+            ended = f"no answer in {self.turns} turns" if self.out_of_turns else f"answered {self.answer[:80]!r}"
+        calls = ", ".join(self.calls) or "none"
         bad = f"; malformed: {'; '.join(self.malformed)}" if self.malformed else ""
-        return f"{self.task.id} ({self.task.country}, {self.task.temperature} °C): {calls}; {what}{bad}"
+        return f"{self.task.country} ({self.task.temperature} °C): {ended}; calls: {calls}{bad}"
 
 
 def _result(name: str, raw: Any, capitals: Mapping[str, str], cities: set[str]) -> tuple[dict[str, Any], str]:
@@ -168,7 +173,7 @@ def run(task: Task, send: Callable[[list[dict[str, Any]]], Mapping[str, Any]], p
             call_id = str(call.get("id") or f"call_{episode.turns}_{i}")
             args = raw if isinstance(raw, dict) else _loads(raw)
             messages += [assistant_call(name, args, call_id, parser), tool_turn(result, call_id)]
-    episode.answer = ""  # no answer within MAX_TURNS
+    episode.out_of_turns = True
     return episode
 
 

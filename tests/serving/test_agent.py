@@ -106,7 +106,7 @@ def _judge(check, recipe, level, results, baseline_answers, episodes, outcome, w
     check.that(not verdict.worse,
                expected=f"no significant loss of episodes {what} against the baseline (McNemar's exact test on the "
                         f"paired episodes, one-sided, p < {quality.ALPHA:g})",
-               found=f"{verdict.flips.describe()}; lost: " + "; ".join(e.describe() for e in lost[:4])
+               found=f"{verdict.flips.describe()}; lost: " + "; ".join(f"{e.task.id} {e.describe()}" for e in lost[:4])
                      + (f"; ... {len(lost) - 4} more" if len(lost) > 4 else ""), why=_why(check, lost))
 
 
