@@ -41,6 +41,8 @@ SYSTEM = ("You are an agent with two tools. To call one, write <tool_call>{\"nam
           "returns a city's temperature. Call get_capital first, then get_temperature with the city it returned, then "
           "answer with the temperature.")
 EXAMPLE = ("Germany", "Berlin")  # the worked example in the conversation's history; never a task
+CAPITAL_OF = {country.casefold(): city for country, city in CAPITALS}  # what get_capital knows
+CITIES = {city.casefold() for _, city in CAPITALS}  # the cities get_temperature knows
 _LEAK = re.compile(r"<tool_call>|\"name\"\s*:\s*\"(?:get_capital|get_temperature)\"")
 
 
@@ -114,7 +116,7 @@ class Episode:
         return f"{self.task.country} ({self.task.temperature} °C): {ended}; calls: {calls}{bad}"
 
 
-def _result(name: str, raw: Any, capitals: Mapping[str, str], cities: set[str]) -> tuple[dict[str, Any], str]:
+def _result(name: str, raw: Any) -> tuple[dict[str, Any], str]:
     """What the tool answers, and what was wrong with the call ("" if nothing): the harness's repair is the error."""
     if name not in REQUIRED:
         return {"error": f"unknown tool {name!r}: the tools are get_capital and get_temperature"}, \
@@ -129,8 +131,8 @@ def _result(name: str, raw: Any, capitals: Mapping[str, str], cities: set[str]) 
             f"{name} arguments {str(raw)[:60]!r} lack a string {need!r}"
     value = args[need].strip()
     if name == "get_capital":
-        return {"country": value, "capital": capitals.get(value.casefold(), "unknown")}, ""
-    if value.casefold() not in cities:  # a well-formed call the task went wrong in: not malformed, not completed
+        return {"country": value, "capital": CAPITAL_OF.get(value.casefold(), "unknown")}, ""
+    if value.casefold() not in CITIES:  # a well-formed call the task went wrong in: not malformed, not completed
         return {"error": f"no temperature known for {value!r}: get_temperature takes a capital city"}, ""
     return {"city": value, "temperature_c": temperature(value)}, ""
 
@@ -145,8 +147,6 @@ def setup_digest(task: Task) -> str:
 def run(task: Task, send: Callable[[list[dict[str, Any]]], Mapping[str, Any]], parser: str | None) -> Episode:
     """One episode: `send(messages)` returns the answer's first choice (a server's, untrusted: its message and
     finish_reason)."""
-    capitals = {c.casefold(): city for c, city in CAPITALS}
-    cities = {city.casefold() for _, city in CAPITALS}
     messages = [*history(parser), {"role": "user", "content": task.question}]
     episode = Episode(task)
     while episode.turns < MAX_TURNS:
@@ -167,7 +167,7 @@ def run(task: Task, send: Callable[[list[dict[str, Any]]], Mapping[str, Any]], p
             fn = call.get("function") if isinstance(call.get("function"), Mapping) else {}
             name, raw = str(fn.get("name")), fn.get("arguments")
             episode.calls.append(f"{name[:40]!r}({repr(raw)[:60]})")  # a server's strings: escaped
-            result, problem = _result(name, raw, capitals, cities)
+            result, problem = _result(name, raw)
             if problem:
                 episode.malformed.append(problem)
             call_id = str(call.get("id") or f"call_{episode.turns}_{i}")
