@@ -18,6 +18,10 @@ part of the path (`--base-url http://127.0.0.1:PORT/<way>`):
                  the time in the system prompt does: no two requests share a prefix, so the prefix cache never hits
     last-only    forwards only the last message of a conversation, as a gateway that trims the context to a budget
                  does: an agent's instructions and earlier turns never reach the model
+    empty-tool-results
+                 forwards a conversation with its tool results emptied (each role "tool" message's content replaced by
+                 {}), as a gateway or a chat template that does not carry them does: the model calls, and never reads
+                 what came back
     calls-as-text
                  a chat completion's tool calls come back as Hermes text in the content, tool_calls[] empty, as from a
                  server whose --tool-call-parser does not match the model's format (the guide's fingerprint)
@@ -86,6 +90,18 @@ def last_only(body: bytes) -> bytes:
         return body
 
 
+def empty_tool_results(body: bytes) -> bytes:
+    """The request with each tool result (a role "tool" message's content) replaced by {} (unchanged if it has none)."""
+    try:
+        request = json.loads(body)
+        for m in request["messages"]:
+            if m.get("role") == "tool":
+                m["content"] = "{}"
+        return json.dumps(request).encode()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return body
+
+
 def calls_as_text(answer: bytes) -> bytes:
     """A non-streamed chat completion with each message's tool calls written into its content as Hermes text."""
     try:
@@ -143,6 +159,8 @@ class Handler(BaseHTTPRequestHandler):
                 body = asked_something_else(body)
         if way == "last-only" and method == "POST" and body:
             body = last_only(body)
+        if way == "empty-tool-results" and method == "POST" and body:
+            body = empty_tool_results(body)
         if way == "stamps" and method == "POST" and body:
             with self.lock:
                 Handler.stamps += 1

@@ -93,11 +93,6 @@ WHY_NOT_YET = {
                         "machine's CPU engine (vLLM 0.32) sampled drafts are rejected and the answers garbled, greedy "
                         "ones are not (n-gram, 4 requests of 64 tokens: 0 of 108 draft tokens accepted at 0.3, 30 of "
                         "104 at 0; a copy of the model as its own draft: 0 to 3% at 0.3, 48 of 48 greedy)",
-    "QUAL-AGENT-TASKS": "both ways need a model that completes at least 7 of a level's agent tasks in the baseline "
-                        "(McNemar's exact test sees no loss from fewer): the embedded model completes 3 of quick's 16 "
-                        "and 4 of all 29, and no model that completes more ships on the package registries for the "
-                        "CPU engine; on it the check could not run, saying so (a baseline edited to more completions "
-                        "would prove the arithmetic, not the check on a target)",
     "SERVE-VISION": "green needs a model that sees: no vision-language model small enough for the CPU engine ships on "
                     "the package registries, and none is built here yet",
 }

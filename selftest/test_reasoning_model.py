@@ -2,13 +2,19 @@
 (selftest/thinker.py), served by the real CPU engine with vLLM's qwen3 reasoning parser. It passes SERVE-REASONING
 and SERVE-THINKING-OFF; two twins, each served wrong in one way, fail exactly the check that guards against it:
 without the reasoning parser the thinking reaches the answer, and behind a template that ignores enable_thinking it
-thinks when told not to."""
+thinks when told not to.
+
+The same model was taught the agent loop's harness (on countries the tasks never ask about), so it completes enough
+agent tasks for QUAL-AGENT-TASKS to judge a loss: gated on its own run it passes both agent checks, and behind
+a gateway that empties the tool results (the model calls, cleanly, and never reads what came back) it fails exactly
+QUAL-AGENT-TASKS."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import re
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,6 +32,7 @@ from .helpers import (
     move_port,
     node_id,
     run_suites_at_once,
+    serving_at,
 )
 from .thinker import TEMPLATE_ALWAYS_THINKS, build
 
@@ -33,6 +40,8 @@ NAME = "smollm2-think"
 TWINS = {"good": 18040, "no-parser": 18041, "always-thinks": 18042}
 CORES = dict(zip(TWINS, cores_apart(len(TWINS)), strict=True))  # the twins' runs go at once: spread the engines
 SELECTION = "reasoning or thinking"
+AGENT = "test_agent"  # QUAL-AGENT-TASKS, QUAL-AGENT-CALLS
+GATEWAY_PORT = 18043  # selftest/broken_gateway.py in front of the good twin
 
 
 def _recipe(kind: str, model: Path, tmp: Path) -> Path:
@@ -80,47 +89,64 @@ def thinkers(tmp_path_factory):
 
 
 def _failed(result) -> list[str]:
-    return sorted(set(re.findall(r"^\[(SERVE-[A-Z-]+)\] ", result.stdout.str(), re.M)))
+    return sorted(set(re.findall(r"^\[([A-Z]+-[A-Z-]+)\] ", result.stdout.str(), re.M)))
 
 
-def _args(thinkers, kind, *args) -> list[str]:
+def _args(thinkers, kind, *args, selection=SELECTION, base_url=None) -> list[str]:
     folder, srv = thinkers[kind]
-    return ["-m", "serving", f"--recipes-dir={folder}", f"--recipe={NAME}", f"--base-url={srv.base_url}", "-k",
-            SELECTION, *args]
+    return ["-m", "serving", "--level=quick", f"--recipes-dir={folder}", f"--recipe={NAME}",
+            f"--base-url={base_url or srv.base_url}", "-k", selection, *args]
 
 
 GOOD = "test_a_model_that_reasons_passes_both_reasoning_checks_and_the_results_name_the_field"
 NO_PARSER = "test_served_without_its_reasoning_parser_the_thinking_reaches_the_answer_and_the_reasoning_check_says_so"
 ALWAYS = "test_behind_a_template_that_ignores_the_switch_it_thinks_anyway_and_fails_exactly_the_thinking_off_check"
 GATED = "test_gated_on_a_baseline_the_reasoning_check_fails_exactly_when_the_field_moved"
+AGAIN = "test_gated_on_its_own_run_a_model_that_completes_agent_tasks_passes_both_agent_checks"
+LOST = "test_behind_a_gateway_that_empties_the_tool_results_it_fails_exactly_the_agent_tasks_check"
 FIELDS = ["reasoning", "reasoning_content"]
 
 
 @pytest.fixture(scope="module")
 def runs(thinkers, tmp_path_factory):
-    """The reasoning checks against each twin at once (they count tokens and read fields, never time); then the good
-    one again at once against two baselines: the good run's own results, with the field the thinking came in kept
-    (reasoning) or moved (reasoning_content). name -> the run; "results": the good run's results file."""
+    """The reasoning checks against each twin at once (they count tokens and read fields, never time), and the agent
+    episodes on the good one; then, at once, the good one again against two baselines (the good run's own results,
+    with the field the thinking came in kept (reasoning) or moved (reasoning_content)), and its agent episodes gated
+    on the good run's, straight and behind the gateway. name -> the run; "results": the good run's results file."""
     d = tmp_path_factory.mktemp("reasoning-runs")
     results = d / "results.json"
-    out = run_suites_at_once({"good": (node_id(__name__, GOOD), _args(thinkers, "good", f"--results-json={results}")),
+    good = _args(thinkers, "good", f"--results-json={results}", selection=f"{SELECTION} or {AGENT}")
+    out = run_suites_at_once({"good": (node_id(__name__, GOOD), good),
                               "no-parser": (node_id(__name__, NO_PARSER), _args(thinkers, "no-parser")),
                               "always-thinks": (node_id(__name__, ALWAYS), _args(thinkers, "always-thinks"))}, d)
-    gated = {}
-    for field in FIELDS:  # the baseline holds what the gated run measures, SERVE-REASONING alone, as its own run would
+    def baseline(name, checks, field="reasoning"):
+        """The good run's results holding only what a gated run measures (`checks`), as its own run would."""
         data = json.loads(results.read_text())
         data["recipes"][0]["server"]["reasoning_field"] = field
-        data["checks"] = [c for c in data["checks"] if c["id"] == "SERVE-REASONING"]
-        data["measurements"] = [m for m in data["measurements"] if m["check"] == "SERVE-REASONING"]
-        (d / f"base-{field}.json").write_text(json.dumps(data))
+        for key, by in (("checks", "id"), ("measurements", "check"), ("answers", "check")):
+            data[key] = [x for x in data.get(key, []) if x[by] in checks]
+        (d / f"base-{name}.json").write_text(json.dumps(data))
+        return d / f"base-{name}.json"
+
+    gated = {}
+    for field in FIELDS:
+        baseline(field, {"SERVE-REASONING"}, field)
         gated[field] = (node_id(__name__, f"{GATED}[{field}]"), _args(thinkers, "good", "-k", "thinking_lands",
                                                            f"--baseline={d / f'base-{field}.json'}"))
-    return out | run_suites_at_once(gated, d) | {"results": results}
+    gateway = f"http://127.0.0.1:{GATEWAY_PORT}"
+    agent_base = baseline("agent", {"QUAL-AGENT-TASKS", "QUAL-AGENT-CALLS"})
+    gated["again"] = (node_id(__name__, AGAIN), _args(thinkers, "good", f"--baseline={agent_base}", selection=AGENT))
+    gated["lost"] = (node_id(__name__, LOST), _args(thinkers, "good", f"--baseline={agent_base}", selection=AGENT,
+                                                    base_url=f"{gateway}/empty-tool-results"))
+    with serving_at([sys.executable, "-m", "selftest.broken_gateway", str(GATEWAY_PORT), thinkers["good"][1].base_url],
+                    f"{gateway}/v1-only/v1/models", timeout=30):
+        return out | run_suites_at_once(gated, d) | {"results": results}
 
 
 def test_a_model_that_reasons_passes_both_reasoning_checks_and_the_results_name_the_field(runs):
     result = runs["good"]
     assert _failed(result) == [] and result.parseoutcomes()["passed"] == 2, result.stdout.str()[-4000:]
+    assert result.parseoutcomes()["skipped"] == 2, result.stdout.str()[-4000:]  # the agent's: no baseline yet
     result.stdout.fnmatch_lines(["*reasoning field: reasoning (* chars); content *",
                                  "*completion tokens: thinking on *, off *"])
     [run] = Results.model_validate_json(runs["results"].read_text()).recipes
@@ -158,3 +184,30 @@ def test_behind_a_template_that_ignores_the_switch_it_thinks_anyway_and_fails_ex
     result = runs["always-thinks"]
     assert _failed(result) == ["SERVE-THINKING-OFF"], result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(["*found:    * completion tokens, reasoning *(* chars), content *"])
+
+
+def _completed(results: Path) -> int:
+    data = Results.model_validate_json(results.read_text())
+    return sum(a.right for a in data.answers if a.check == "QUAL-AGENT-TASKS")
+
+
+def test_gated_on_its_own_run_a_model_that_completes_agent_tasks_passes_both_agent_checks(runs):
+    """The good run's episodes (enough completed for a loss to be significant) against a second run of the same
+    server: both agent checks MUST run and pass."""
+    assert _completed(runs["results"]) >= 7, runs["good"].stdout.str()[-4000:]  # quality.SMALLEST_LOSS
+    result = runs["again"]
+    assert _failed(result) == [] and result.parseoutcomes()["passed"] == 2, result.stdout.str()[-4000:]
+    result.stdout.fnmatch_lines([f"*against the baseline: {NAME} [[]QUAL-AGENT-TASKS[]] */16 right before*"])
+
+
+def test_behind_a_gateway_that_empties_the_tool_results_it_fails_exactly_the_agent_tasks_check(runs):
+    """The model still calls each tool well-formed (QUAL-AGENT-CALLS passes) but never reads a result, so no answer
+    carries the temperature: QUAL-AGENT-TASKS MUST fail with its own message (no other check diagnoses it)."""
+    result = runs["lost"]
+    out = result.stdout.str()
+    assert _failed(result) == ["QUAL-AGENT-TASKS"], out[-6000:]
+    assert result.parseoutcomes()["passed"] == 1, out[-4000:]
+    assert "expected: no significant loss of episodes completed (the answer carries the temperature the tools gave) " \
+           "against the baseline (McNemar's exact test" in out, out[-4000:]
+    assert re.search(r"found:    \d+/16 right before, \d+/16 after: \d+ went from right to wrong", out), out[-4000:]
+    assert "the same defect as" not in out

@@ -1,8 +1,11 @@
 """A model that really reasons, made here: the embedded SmolLM2-135M-Instruct taught, by a short fine-tune on the CPU,
 to think in <think>...</think> before it answers, behind a chat template that honours `enable_thinking` the way
-Qwen3's does (off: an empty think block is written for it, and it answers at once). Served with vLLM's real
-reasoning parser, it is what SERVE-REASONING and SERVE-THINKING-OFF need on a CPU box: no such model ships on the
-package registries.
+Qwen3's does (off: an empty think block is written for it, and it answers at once), and to work the agent loop's
+harness (sparkgate.agent: call get_capital, read it, call get_temperature, answer), with thinking switched off as
+the harness asks. Served with vLLM's real reasoning and tool-call parsers, it is what SERVE-REASONING,
+SERVE-THINKING-OFF and QUAL-AGENT-TASKS need on a CPU box: no such model ships on the package registries. The agent
+turns it learns are about countries the agent's tasks never ask about (AGENT_COUNTRIES), so a completed task is one
+it worked out.
 
     python -m selftest.thinker [--force]
 
@@ -23,8 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-from sparkgate import embedded
+from sparkgate import agent, embedded
+from sparkgate.probes import assistant_call, hermes_call, tool_turn
 from sparkgate.proc import cache_dir
+from sparkgate.quality import CAPITALS as TASK_CAPITALS
 
 THINK, END = "<think>", "</think>"
 _HEAD = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
@@ -36,6 +41,7 @@ TEMPLATE = (_HEAD + "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' 
 TEMPLATE_ALWAYS_THINKS = _HEAD + "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 
 SEED, STEPS, BATCH, LR = 20261205, 60, 8, 3e-4
+AGENT_STEPS = 20  # batches of agent turns (their prompts are ten times as long: 20 took ~170 s of ~320)
 TRAINED_LAYERS = 16  # the top decoder layers the fine-tune changes; the lower ones are not back-propagated through
 CAPITALS = {"France": "Paris", "Italy": "Rome", "Spain": "Madrid", "Germany": "Berlin", "Japan": "Tokyo",
             "Egypt": "Cairo", "Canada": "Ottawa", "Peru": "Lima", "Kenya": "Nairobi", "Norway": "Oslo",
@@ -46,6 +52,16 @@ COUNTS = {"days are in a week": (7, "A week has seven days, Monday to Sunday"),
           "legs does a spider have": (8, "A spider has eight legs"),
           "sides does a triangle have": (3, "A triangle has three sides"),
           "minutes are in an hour": (60, "An hour has sixty minutes")}
+# The agent turns' countries: none of them is one of the agent's tasks (asserted where the turns are made).
+AGENT_COUNTRIES = {"Chile": "Santiago", "Colombia": "Bogota", "Venezuela": "Caracas", "Ecuador": "Quito",
+                   "Uruguay": "Montevideo", "Morocco": "Rabat", "Algeria": "Algiers", "Tunisia": "Tunis",
+                   "Nigeria": "Abuja", "Ghana": "Accra", "Uganda": "Kampala", "Senegal": "Dakar", "Iran": "Tehran",
+                   "Iraq": "Baghdad", "Jordan": "Amman", "Lebanon": "Beirut", "Qatar": "Doha", "Oman": "Muscat",
+                   "Pakistan": "Islamabad", "Nepal": "Kathmandu", "Bangladesh": "Dhaka", "Vietnam": "Hanoi",
+                   "Indonesia": "Jakarta", "Philippines": "Manila", "South Korea": "Seoul", "Iceland": "Reykjavik",
+                   "Netherlands": "Amsterdam", "Switzerland": "Bern", "Romania": "Bucharest", "Bulgaria": "Sofia",
+                   "Serbia": "Belgrade", "Croatia": "Zagreb", "Latvia": "Riga", "Lithuania": "Vilnius",
+                   "Estonia": "Tallinn", "Malaysia": "Kuala Lumpur", "New Zealand": "Wellington", "Mali": "Bamako"}
 
 
 def _examples(rng: random.Random) -> list[tuple[str, str, str]]:
@@ -65,6 +81,25 @@ def _examples(rng: random.Random) -> list[tuple[str, str, str]]:
     for what, (n, fact) in COUNTS.items():
         for tail in ("Answer with a number.", "Answer with the number only."):
             out.append((f"How many {what}? {tail}", f"{fact}. So the answer is {n}.", str(n)))
+    rng.shuffle(out)
+    return out
+
+
+def _agent_turns(rng: random.Random) -> list[tuple[list[dict], str]]:
+    """(conversation so far, the next assistant turn) for each of an episode's three turns, as agent.run sends them
+    with the Hermes parser (thinking off): call get_capital; call get_temperature with its city; answer."""
+    assert not set(AGENT_COUNTRIES) & {country for country, _ in TASK_CAPITALS}
+    out = []
+    for country, city in AGENT_COUNTRIES.items():
+        degrees = rng.randint(11, 33)
+        said = [*agent.history("hermes"), {"role": "user", "content": f"What is the temperature in the capital of "
+                                                                      f"{country}?"}]
+        steps = [("get_capital", {"country": country}, {"country": country, "capital": city}),
+                 ("get_temperature", {"city": city}, {"city": city, "temperature_c": degrees})]
+        for i, (name, args, result) in enumerate(steps):
+            out.append((list(said), hermes_call(name, args)))
+            said += [assistant_call(name, args, f"call_{i}", "hermes"), tool_turn(result, f"call_{i}")]
+        out.append((said, f"It is {degrees} °C in {city}, the capital of {country}."))
     rng.shuffle(out)
     return out
 
@@ -89,14 +124,30 @@ def build(force: bool = False, log=print) -> Path:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     model.resize_token_embeddings(len(tok), mean_resizing=True)
     rng = random.Random(SEED)
+
+    def row(messages: list[dict], reply: str, on: bool = True) -> tuple[list[int], list[int]]:
+        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, chat_template=TEMPLATE,
+                                         enable_thinking=on)
+        p, r = tok(prompt, add_special_tokens=False).input_ids, tok(reply + "<|im_end|>", add_special_tokens=False)
+        return p + r.input_ids, [-100] * len(p) + r.input_ids  # the loss is on the answer only
+
     rows = []
     for i, (question, thinking, answer) in enumerate(_examples(rng)):
         on = i % 3 != 2  # two in three think; the rest answer with thinking switched off
-        prompt = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                         add_generation_prompt=True, chat_template=TEMPLATE, enable_thinking=on)
-        reply = (f"{THINK}\n{thinking}\n{END}\n\n{answer}" if on else answer) + "<|im_end|>"
-        p, r = tok(prompt, add_special_tokens=False).input_ids, tok(reply, add_special_tokens=False).input_ids
-        rows.append((p + r, [-100] * len(p) + r))  # the loss is on the answer only
+        rows.append(row([{"role": "user", "content": question}],
+                        f"{THINK}\n{thinking}\n{END}\n\n{answer}" if on else answer, on))
+    agent_rows = [row(messages, reply, on=False) for messages, reply in _agent_turns(rng)]
+    # The agent turns (thinking off too) cost the short thinking-off answers their arithmetic (2 + 3 answered '4' in
+    # two builds without these): the single-digit sums, answered with thinking off.
+    rows += [row([{"role": "user", "content": f"What is {a} + {b}? Answer with the number only."}], str(a + b), False)
+             for a in range(1, 10) for b in range(1, 10)]
+    rng.shuffle(rows)
+    # Each batch holds rows of one kind (an agent turn's prompt is ~10 times as long: mixed in, every batch would be
+    # padded to it). The agent batches come one after every two others, and the last third is the others alone (all
+    # of them first, the model forgot to answer after the second call).
+    batches = [rows[(step * BATCH) % len(rows):][:BATCH] for step in range(STEPS)]
+    for k in range(AGENT_STEPS):
+        batches.insert(3 * k + 2, agent_rows[(k * BATCH) % len(agent_rows):][:BATCH])
     # Back-propagate through the top layers only (the output side of the tied embeddings still learns the two new
     # tokens): the lower layers' gradients were most of a step's time. The embeddings' output is detached, so the
     # frozen layers record no graph at all.
@@ -106,8 +157,7 @@ def build(force: bool = False, log=print) -> Path:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
     model.train()
     t0 = time.monotonic()
-    for step in range(STEPS):
-        batch = rows[(step * BATCH) % len(rows):][:BATCH]
+    for step, batch in enumerate(batches):
         width = max(len(ids) for ids, _ in batch)
         ids = torch.tensor([x + [tok.pad_token_id] * (width - len(x)) for x, _ in batch])
         labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in batch])
@@ -121,13 +171,13 @@ def build(force: bool = False, log=print) -> Path:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        if step % 20 == 0 or step == STEPS - 1:
-            log(f"thinker: step {step + 1} of {STEPS}, loss {loss.item():.3f}, {time.monotonic() - t0:.0f} s")
+        if step % 20 == 0 or step == len(batches) - 1:
+            log(f"thinker: step {step + 1} of {len(batches)}, loss {loss.item():.3f}, {time.monotonic() - t0:.0f} s")
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     model.to(torch.bfloat16).save_pretrained(tmp)
     tok.save_pretrained(tmp)
     (tmp / "chat_template.jinja").write_text(TEMPLATE)
-    (tmp / "sparkgate-build.json").write_text(json.dumps({"digest": _digest(), "steps": STEPS, "seed": SEED,
+    (tmp / "sparkgate-build.json").write_text(json.dumps({"digest": _digest(), "steps": len(batches), "seed": SEED,
                                                           "seconds": round(time.monotonic() - t0)}))
     old = out.with_name(f"{out.name}.{os.getpid()}.old")
     if out.exists():
