@@ -20,8 +20,8 @@ part of the path (`--base-url http://127.0.0.1:PORT/<way>`):
                  does: an agent's instructions and earlier turns never reach the model
     empty-tool-results
                  forwards a conversation with its tool results emptied (each role "tool" message's content replaced by
-                 {}), as a gateway or a chat template that does not carry them does: the model calls, and never reads
-                 what came back
+                 {}), as a gateway that strips them, or a chat template that renders a tool turn without its content,
+                 does: the model calls, and never reads what came back
     calls-as-text
                  a chat completion's tool calls come back as Hermes text in the content, tool_calls[] empty, as from a
                  server whose --tool-call-parser does not match the model's format (the guide's fingerprint)

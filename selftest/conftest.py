@@ -3,11 +3,10 @@ host, and the embedded default serving on a port of its own. The helpers they an
 (importing it sets up the shared cache and imports httpx fully, before any test)."""
 
 import os
-import sys
 
 import pytest
 
-from .helpers import embedded_recipe_dir, local_mem_available, serving_at
+from .helpers import broken_gateway_at, embedded_recipe_dir, local_mem_available
 from .proofs import record_outcome, start_log
 
 
@@ -57,9 +56,8 @@ GATEWAY_PORT = 18152
 @pytest.fixture(scope="session")
 def gateway(embedded_server):
     """selftest/broken_gateway.py in front of the embedded default: its base URL, to which a way is appended."""
-    with serving_at([sys.executable, "-m", "selftest.broken_gateway", str(GATEWAY_PORT), embedded_server.base_url],
-                    f"http://127.0.0.1:{GATEWAY_PORT}/openai-only/v1/models", timeout=30):
-        yield f"http://127.0.0.1:{GATEWAY_PORT}"
+    with broken_gateway_at(GATEWAY_PORT, embedded_server.base_url) as url:
+        yield url
 
 
 def pytest_runtest_logreport(report):

@@ -1,6 +1,7 @@
 """What more than one self-test module uses: the repository's paths, the acceptance suite run through pytester,
 broken and moved copies of the embedded recipe, the embedded server's process group and a CPU quota to slow it,
-a small server process (serving_at), and the recording guard started as a process. conftest.py holds the hooks
+a small server process (serving_at) and the broken gateway in front of a server, the failed check IDs a run printed,
+and the recording guard started as a process. conftest.py holds the hooks
 and fixtures; no module imports a test module or conftest.py for a helper.
 
 Importing it sets the self-tests up as conftest.py did (the shared cache, httpx imported fully), for the scripts
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -240,6 +242,21 @@ def serving_at(argv: list[str], url: str, timeout: float = 120):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def broken_gateway_at(port: int, upstream: str):
+    """selftest/broken_gateway.py on `port` in front of the server at `upstream`: its base URL, to which a way is
+    appended."""
+    url = f"http://127.0.0.1:{port}"
+    with serving_at([sys.executable, "-m", "selftest.broken_gateway", str(port), upstream],
+                    f"{url}/v1-only/v1/models", timeout=30):
+        yield url
+
+
+def failed_checks(out: str) -> list[str]:
+    """The IDs of the checks a run of the suite printed as failed (each failure's message starts `[ID] `)."""
+    return sorted(set(re.findall(r"^\[([A-Z]+-[A-Z0-9-]+)\] ", out, re.M)))
 
 
 GUARD_PORT = 18004

@@ -32,6 +32,7 @@ from .helpers import (
     bind_to_core,
     broken_recipe,
     cores_apart,
+    failed_checks,
     local_mem_available,
     move_port,
     node_id,
@@ -250,10 +251,6 @@ def runs(embedded_server, gateway, damaged, tmp_path_factory):
     return {name: (d / f"{name}.json", result) for name, result in out.items()}
 
 
-def _failed(out: str) -> list[str]:
-    return sorted(set(re.findall(r"^\[([A-Z]+-[A-Z-]+)\] ", out, re.M)))
-
-
 def test_the_good_engine_meets_the_recipes_floor_and_a_second_run_passes_its_gate(runs):
     for name in ("before", "again"):
         _, result = runs[name]
@@ -272,7 +269,7 @@ def test_a_gateway_that_trims_the_conversation_fails_the_agent_calls_check_with_
     instructions and answers in clean prose without a call: the episodes whose calls all reached tool_calls[]
     well-formed fall from most of the 16 to few, which McNemar's test calls worse, and no other check diagnoses it."""
     out = runs["agent"][1].stdout.str()
-    assert _failed(out) == ["QUAL-AGENT-CALLS"], out[-6000:]
+    assert failed_checks(out) == ["QUAL-AGENT-CALLS"], out[-6000:]
     assert "expected: no significant loss of episodes with every call in tool_calls[] well-formed against the " \
            "baseline (McNemar's exact test" in out, out[-4000:]
     assert re.search(r"found:    \d+/16 right before, \d+/16 after: \d+ went from right to wrong, \d+ from wrong to "
@@ -282,7 +279,7 @@ def test_a_gateway_that_trims_the_conversation_fails_the_agent_calls_check_with_
 
 def test_damaged_weights_that_answer_wrongly_in_clean_text_fail_the_quality_gate_with_its_own_message(runs):
     out = runs["worse"][1].stdout.str()
-    assert _failed(out) == ["QUAL-ANSWERS"], out[-6000:]
+    assert failed_checks(out) == ["QUAL-ANSWERS"], out[-6000:]
     assert "expected: no significant loss of right answers against the baseline (McNemar's exact test" in out
     assert re.search(r"found:    \d+/27 right before, \d+/27 after: \d+ went from right to wrong", out), out[-4000:]
     assert "right to wrong: " in out and "the same defect as SERVE-SANITY's" not in out
@@ -292,7 +289,7 @@ def test_calls_left_as_text_fail_the_agent_calls_check_pointing_at_the_tool_chec
     """One defect, one failure: behind a server whose tool parser does not match the model's format, every call stays
     in the content. SERVE-TOOLS-AUTO fails on it; QUAL-AGENT-CALLS, which loses its episodes to it, points there."""
     out = runs["leaks"][1].stdout.str()
-    assert _failed(out) == ["QUAL-AGENT-CALLS", "SERVE-TOOLS-AUTO"], out[-6000:]
+    assert failed_checks(out) == ["QUAL-AGENT-CALLS", "SERVE-TOOLS-AUTO"], out[-6000:]
     assert re.search(r"found:    \d+/16 right before, 0/16 after: \d+ went from right to wrong, 0 from wrong to "
                      r"right .*; lost: agent-\d+ [\w ]+ \(\d+ °C\): leaked call '<tool_call>", out), out[-4000:]
     assert "(the same defect as SERVE-TOOLS-AUTO's, which diagnoses tool calls left as text in the content" in out
@@ -303,7 +300,7 @@ def test_calls_left_as_text_fail_the_agent_calls_check_pointing_at_the_tool_chec
 
 def test_damaged_weights_fail_the_recipes_floor_without_a_baseline(runs):
     out = runs["below"][1].stdout.str()
-    assert _failed(out) == ["QUAL-ANSWERS"], out[-6000:]
+    assert failed_checks(out) == ["QUAL-ANSWERS"], out[-6000:]
     assert re.search(r"expected: >= \d+% of the 27 probes right \(", out) and "wrong: " in out, out[-4000:]
 
 

@@ -14,25 +14,26 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from sparkgate import levels, quality
 from sparkgate.launch import serving
 from sparkgate.recipes import load_profiles, load_recipes
 from sparkgate.results import Results
 
 from .helpers import (
     bind_to_core,
+    broken_gateway_at,
     broken_recipe,
     cores_apart,
+    failed_checks,
     local_mem_available,
     move_port,
     node_id,
     run_suites_at_once,
-    serving_at,
 )
 from .thinker import TEMPLATE_ALWAYS_THINKS, build
 
@@ -41,7 +42,8 @@ TWINS = {"good": 18040, "no-parser": 18041, "always-thinks": 18042}
 CORES = dict(zip(TWINS, cores_apart(len(TWINS)), strict=True))  # the twins' runs go at once: spread the engines
 SELECTION = "reasoning or thinking"
 AGENT = "test_agent"  # QUAL-AGENT-TASKS, QUAL-AGENT-CALLS
-GATEWAY_PORT = 18043  # selftest/broken_gateway.py in front of the good twin
+TASKS = levels.QUICK_AGENT_TASKS  # the agent tasks a quick run asks
+TWIN_GATEWAY_PORT = 18043  # selftest/broken_gateway.py in front of the good twin
 
 
 def _recipe(kind: str, model: Path, tmp: Path) -> Path:
@@ -88,10 +90,6 @@ def thinkers(tmp_path_factory):
         yield started
 
 
-def _failed(result) -> list[str]:
-    return sorted(set(re.findall(r"^\[([A-Z]+-[A-Z-]+)\] ", result.stdout.str(), re.M)))
-
-
 def _args(thinkers, kind, *args, selection=SELECTION, base_url=None) -> list[str]:
     folder, srv = thinkers[kind]
     return ["-m", "serving", "--level=quick", f"--recipes-dir={folder}", f"--recipe={NAME}",
@@ -119,10 +117,12 @@ def runs(thinkers, tmp_path_factory):
     out = run_suites_at_once({"good": (node_id(__name__, GOOD), good),
                               "no-parser": (node_id(__name__, NO_PARSER), _args(thinkers, "no-parser")),
                               "always-thinks": (node_id(__name__, ALWAYS), _args(thinkers, "always-thinks"))}, d)
-    def baseline(name, checks, field="reasoning"):
-        """The good run's results holding only what a gated run measures (`checks`), as its own run would."""
+    def baseline(name, checks, field=None):
+        """The good run's results holding only what a gated run measures (`checks`), as its own run would; `field`:
+        the reasoning field its server is recorded to have used instead."""
         data = json.loads(results.read_text())
-        data["recipes"][0]["server"]["reasoning_field"] = field
+        if field:
+            data["recipes"][0]["server"]["reasoning_field"] = field
         for key, by in (("checks", "id"), ("measurements", "check"), ("answers", "check")):
             data[key] = [x for x in data.get(key, []) if x[by] in checks]
         (d / f"base-{name}.json").write_text(json.dumps(data))
@@ -133,20 +133,20 @@ def runs(thinkers, tmp_path_factory):
         baseline(field, {"SERVE-REASONING"}, field)
         gated[field] = (node_id(__name__, f"{GATED}[{field}]"), _args(thinkers, "good", "-k", "thinking_lands",
                                                            f"--baseline={d / f'base-{field}.json'}"))
-    gateway = f"http://127.0.0.1:{GATEWAY_PORT}"
     agent_base = baseline("agent", {"QUAL-AGENT-TASKS", "QUAL-AGENT-CALLS"})
     gated["again"] = (node_id(__name__, AGAIN), _args(thinkers, "good", f"--baseline={agent_base}", selection=AGENT))
-    gated["lost"] = (node_id(__name__, LOST), _args(thinkers, "good", f"--baseline={agent_base}", selection=AGENT,
-                                                    base_url=f"{gateway}/empty-tool-results"))
-    with serving_at([sys.executable, "-m", "selftest.broken_gateway", str(GATEWAY_PORT), thinkers["good"][1].base_url],
-                    f"{gateway}/v1-only/v1/models", timeout=30):
+    with broken_gateway_at(TWIN_GATEWAY_PORT, thinkers["good"][1].base_url) as gateway:
+        gated["lost"] = (node_id(__name__, LOST), _args(thinkers, "good", f"--baseline={agent_base}", selection=AGENT,
+                                                        base_url=f"{gateway}/empty-tool-results"))
         return out | run_suites_at_once(gated, d) | {"results": results}
 
 
 def test_a_model_that_reasons_passes_both_reasoning_checks_and_the_results_name_the_field(runs):
     result = runs["good"]
-    assert _failed(result) == [] and result.parseoutcomes()["passed"] == 2, result.stdout.str()[-4000:]
-    assert result.parseoutcomes()["skipped"] == 2, result.stdout.str()[-4000:]  # the agent's: no baseline yet
+    out = result.stdout.str()
+    assert failed_checks(out) == [] and result.parseoutcomes()["passed"] == 2, out[-4000:]
+    result.stdout.fnmatch_lines(["SKIPPED*[[]QUAL-AGENT-TASKS[]] could not run: no --baseline to hold it to*",
+                                 "SKIPPED*[[]QUAL-AGENT-CALLS[]] could not run: no --baseline to hold it to*"])
     result.stdout.fnmatch_lines(["*reasoning field: reasoning (* chars); content *",
                                  "*completion tokens: thinking on *, off *"])
     [run] = Results.model_validate_json(runs["results"].read_text()).recipes
@@ -158,10 +158,11 @@ def test_gated_on_a_baseline_the_reasoning_check_fails_exactly_when_the_field_mo
     """Against a baseline whose server sent the thinking where this one does, the good server passes; against one
     whose server sent it in `reasoning_content` (vLLM builds before the rename) it MUST fail, naming both fields."""
     result = runs[field]
-    assert _failed(result) == ([] if field == "reasoning" else ["SERVE-REASONING"]), result.stdout.str()[-4000:]
-    assert (result.ret == 0) == (field == "reasoning"), result.stdout.str()[-4000:]
-    assert "did not measure" not in result.stdout.str(), result.stdout.str()[-4000:]
-    assert result.parseoutcomes().get("passed", 0) == (field == "reasoning"), result.stdout.str()[-4000:]
+    out = result.stdout.str()
+    assert failed_checks(out) == ([] if field == "reasoning" else ["SERVE-REASONING"]), out[-4000:]
+    assert (result.ret == 0) == (field == "reasoning"), out[-4000:]
+    assert "did not measure" not in out, out[-4000:]
+    assert result.parseoutcomes().get("passed", 0) == (field == "reasoning"), out[-4000:]
     if field == "reasoning_content":
         result.stdout.fnmatch_lines(["*expected: the thinking in `reasoning_content`, where the baseline's server "
                                      "sent it (*base-reasoning_content.json)*",
@@ -173,7 +174,7 @@ def test_served_without_its_reasoning_parser_the_thinking_reaches_the_answer_and
     """SERVE-REASONING MUST fail with its own verdict; SERVE-THINKING-OFF, whose thinking-on answer carries the same
     leak, fails pointing at it (one defect, one diagnosis)."""
     result = runs["no-parser"]
-    assert _failed(result) == ["SERVE-REASONING", "SERVE-THINKING-OFF"], result.stdout.str()[-4000:]
+    assert failed_checks(result.stdout.str()) == ["SERVE-REASONING", "SERVE-THINKING-OFF"], result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(["*found:    reasoning field absent (0 chars), content '<think>*",
                                  "*found:    thinking in the content (a literal <think> at char 0) while no reasoning "
                                  "field carries any*",
@@ -182,7 +183,7 @@ def test_served_without_its_reasoning_parser_the_thinking_reaches_the_answer_and
 
 def test_behind_a_template_that_ignores_the_switch_it_thinks_anyway_and_fails_exactly_the_thinking_off_check(runs):
     result = runs["always-thinks"]
-    assert _failed(result) == ["SERVE-THINKING-OFF"], result.stdout.str()[-4000:]
+    assert failed_checks(result.stdout.str()) == ["SERVE-THINKING-OFF"], result.stdout.str()[-4000:]
     result.stdout.fnmatch_lines(["*found:    * completion tokens, reasoning *(* chars), content *"])
 
 
@@ -194,10 +195,11 @@ def _completed(results: Path) -> int:
 def test_gated_on_its_own_run_a_model_that_completes_agent_tasks_passes_both_agent_checks(runs):
     """The good run's episodes (enough completed for a loss to be significant) against a second run of the same
     server: both agent checks MUST run and pass."""
-    assert _completed(runs["results"]) >= 7, runs["good"].stdout.str()[-4000:]  # quality.SMALLEST_LOSS
+    assert _completed(runs["results"]) >= quality.SMALLEST_LOSS, runs["good"].stdout.str()[-4000:]
     result = runs["again"]
-    assert _failed(result) == [] and result.parseoutcomes()["passed"] == 2, result.stdout.str()[-4000:]
-    result.stdout.fnmatch_lines([f"*against the baseline: {NAME} [[]QUAL-AGENT-TASKS[]] */16 right before*"])
+    out = result.stdout.str()
+    assert failed_checks(out) == [] and result.parseoutcomes()["passed"] == 2, out[-4000:]
+    result.stdout.fnmatch_lines([f"*against the baseline: {NAME} [[]QUAL-AGENT-TASKS[]] */{TASKS} right before*"])
 
 
 def test_behind_a_gateway_that_empties_the_tool_results_it_fails_exactly_the_agent_tasks_check(runs):
@@ -205,9 +207,10 @@ def test_behind_a_gateway_that_empties_the_tool_results_it_fails_exactly_the_age
     carries the temperature: QUAL-AGENT-TASKS MUST fail with its own message (no other check diagnoses it)."""
     result = runs["lost"]
     out = result.stdout.str()
-    assert _failed(result) == ["QUAL-AGENT-TASKS"], out[-6000:]
+    assert failed_checks(out) == ["QUAL-AGENT-TASKS"], out[-6000:]
     assert result.parseoutcomes()["passed"] == 1, out[-4000:]
     assert "expected: no significant loss of episodes completed (the answer carries the temperature the tools gave) " \
            "against the baseline (McNemar's exact test" in out, out[-4000:]
-    assert re.search(r"found:    \d+/16 right before, \d+/16 after: \d+ went from right to wrong", out), out[-4000:]
-    assert "the same defect as" not in out
+    assert re.search(rf"found:    \d+/{TASKS} right before, \d+/{TASKS} after: \d+ went from right to wrong", out), \
+        out[-4000:]
+    assert "the same defect as" not in out, out[-4000:]  # its own message: no other check diagnoses it

@@ -41,7 +41,7 @@ TEMPLATE = (_HEAD + "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' 
 TEMPLATE_ALWAYS_THINKS = _HEAD + "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 
 SEED, STEPS, BATCH, LR = 20261205, 60, 8, 3e-4
-AGENT_STEPS = 20  # batches of agent turns (their prompts are ten times as long: 20 took ~170 s of ~320)
+AGENT_STEPS = 20  # batches of agent turns (their prompts are ten times as long: ~170 s of the build's 351)
 TRAINED_LAYERS = 16  # the top decoder layers the fine-tune changes; the lower ones are not back-propagated through
 CAPITALS = {"France": "Paris", "Italy": "Rome", "Spain": "Madrid", "Germany": "Berlin", "Japan": "Tokyo",
             "Egypt": "Cairo", "Canada": "Ottawa", "Peru": "Lima", "Kenya": "Nairobi", "Norway": "Oslo",
@@ -105,7 +105,9 @@ def _agent_turns(rng: random.Random) -> list[tuple[list[dict], str]]:
 
 
 def _digest() -> str:
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    """This file and the agent harness it teaches: a change to either builds the model again."""
+    harness = json.dumps([agent.SYSTEM, agent.history("hermes"), agent.TOOLS, TASK_CAPITALS])
+    return hashlib.sha256(Path(__file__).read_bytes() + harness.encode()).hexdigest()[:16]
 
 
 def build(force: bool = False, log=print) -> Path:
@@ -138,13 +140,14 @@ def build(force: bool = False, log=print) -> Path:
                         f"{THINK}\n{thinking}\n{END}\n\n{answer}" if on else answer, on))
     agent_rows = [row(messages, reply, on=False) for messages, reply in _agent_turns(rng)]
     # The agent turns (thinking off too) cost the short thinking-off answers their arithmetic (2 + 3 answered '4' in
-    # two builds without these): the single-digit sums, answered with thinking off.
+    # two builds without these): the single-digit sums, answered with thinking off, in the probes' own words (the
+    # sum SERVE-THINKING-OFF asks among them). The 60 batches take the first 480 of these 523 shuffled rows.
     rows += [row([{"role": "user", "content": f"What is {a} + {b}? Answer with the number only."}], str(a + b), False)
              for a in range(1, 10) for b in range(1, 10)]
     rng.shuffle(rows)
     # Each batch holds rows of one kind (an agent turn's prompt is ~10 times as long: mixed in, every batch would be
-    # padded to it). The agent batches come one after every two others, and the last third is the others alone (all
-    # of them first, the model forgot to answer after the second call).
+    # padded to it). The agent batches come one after every two others, and the last 20 steps are the others alone
+    # (with all of them first, the model forgot to answer after the second call).
     batches = [rows[(step * BATCH) % len(rows):][:BATCH] for step in range(STEPS)]
     for k in range(AGENT_STEPS):
         batches.insert(3 * k + 2, agent_rows[(k * BATCH) % len(agent_rows):][:BATCH])
