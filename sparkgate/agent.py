@@ -116,17 +116,14 @@ class Episode:
         return f"{self.task.country} ({self.task.temperature} °C): {ended}; calls: {calls}{bad}"
 
 
-def _result(name: str, raw: Any) -> tuple[dict[str, Any], str]:
-    """What the tool answers, and what was wrong with the call ("" if nothing): the harness's repair is the error."""
+def _result(name: str, args: dict[str, Any], raw: Any) -> tuple[dict[str, Any], str]:
+    """What the tool answers to the call's arguments (`args`, as _loads read them from `raw`), and what was wrong with
+    the call ("" if nothing): the harness's repair is the error."""
     if name not in REQUIRED:
         return {"error": f"unknown tool {name!r}: the tools are get_capital and get_temperature"}, \
             f"unknown tool {name!r}"
-    try:
-        args = json.loads(raw) if isinstance(raw, str) else raw
-    except ValueError:
-        args = None
     need = REQUIRED[name]
-    if not isinstance(args, dict) or not isinstance(args.get(need), str):
+    if not isinstance(args.get(need), str):
         return {"error": f"{name} takes a JSON object with a string {need!r}"}, \
             f"{name} arguments {str(raw)[:60]!r} lack a string {need!r}"
     value = args[need].strip()
@@ -167,11 +164,11 @@ def run(task: Task, send: Callable[[list[dict[str, Any]]], Mapping[str, Any]], p
             fn = call.get("function") if isinstance(call.get("function"), Mapping) else {}
             name, raw = str(fn.get("name")), fn.get("arguments")
             episode.calls.append(f"{name[:40]!r}({repr(raw)[:60]})")  # a server's strings: escaped
-            result, problem = _result(name, raw)
+            args = raw if isinstance(raw, dict) else _loads(raw)
+            result, problem = _result(name, args, raw)
             if problem:
                 episode.malformed.append(problem)
             call_id = str(call.get("id") or f"call_{episode.turns}_{i}")
-            args = raw if isinstance(raw, dict) else _loads(raw)
             messages += [assistant_call(name, args, call_id, parser), tool_turn(result, call_id)]
     episode.out_of_turns = True
     return episode
