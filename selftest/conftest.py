@@ -5,9 +5,16 @@ host, and the embedded default serving on a port of its own. The helpers they an
 import os
 
 import pytest
+from hypothesis import settings
 
 from .helpers import broken_gateway_at, embedded_recipe_dir, local_mem_available
 from .proofs import record_outcome, start_log
+from .thinker import build_in_background, stop_background
+
+# Hypothesis's per-example deadline times each example, which no self-test proves (speed is a benchmark's): off, so
+# an example slowed by the work beside it (the model's build) is not a failure.
+settings.register_profile("selftest", deadline=None)
+settings.load_profile("selftest")
 
 
 def pytest_configure(config):
@@ -16,16 +23,46 @@ def pytest_configure(config):
                                        "before the session's shared server (another model server here) starts")
 
 
+# Files that neither time anything nor start an engine: they run while the reasoning model builds (selftest/thinker.py,
+# minutes of a CPU-bound fine-tune that had the machine to itself), right after the clean_machine tests.
+WHILE_THE_MODEL_BUILDS = {
+    "test_host_layer.py", "test_fleet.py", "test_link.py", "test_recipes.py", "test_untrusted.py", "test_spark01.py",
+    "test_linkparse.py", "test_hostfacts.py", "test_levels.py", "test_layout.py", "test_knownbad.py",
+    "test_hfcache.py", "test_garbage_rates.py", "test_sanity.py", "test_proofs.py", "test_vllmlog.py",
+    "test_kernellog.py", "test_gpuclocks.py"}
+NEEDS_THE_MODEL = "test_reasoning_model.py"
+
+
 def pytest_collection_modifyitems(items):
-    """The clean_machine tests first, the tests that share `embedded_server` last: once it serves, this machine
+    """The clean_machine tests first; then, while the reasoning model builds, the files that share the machine with
+    it; then the reasoning model's tests; the tests that share `embedded_server` last: once it serves, this machine
     (and the test host, which sees its processes) has another model server on it, which HOST-NO-COMPETITOR and
     the launchers' pre-flight rightly count."""
     def order(item):
         if item.get_closest_marker("clean_machine"):
             return 0
-        return 2 if "embedded_server" in getattr(item, "fixturenames", ()) else 1
+        if item.path.name in WHILE_THE_MODEL_BUILDS:
+            return 1
+        if item.path.name == NEEDS_THE_MODEL:
+            return 2
+        return 4 if "embedded_server" in getattr(item, "fixturenames", ()) else 3
 
     items.sort(key=order)  # stable: within each group, the files' own order
+    _model_wanted[:] = [any(item.path.name == NEEDS_THE_MODEL for item in items)]
+
+
+_model_wanted = [False]
+
+
+def pytest_runtest_setup(item):
+    """The reasoning model's build starts once the clean_machine tests are done (they judge this machine alone),
+    if a selected test needs it and it is not built."""
+    if _model_wanted[0] and not item.get_closest_marker("clean_machine"):
+        build_in_background()
+
+
+def pytest_sessionfinish():
+    stop_background()
 
 
 @pytest.fixture(scope="session")

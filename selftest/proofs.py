@@ -63,9 +63,11 @@ def start_log() -> None:
 
 
 def record_outcome(report) -> None:
-    """A self-test's own outcome, for the table: only a self-test that passed proves anything."""
-    if LOG in os.environ and (report.when == "call" or not report.passed):
-        _append({"selftest": report.nodeid, "outcome": report.outcome, "when": report.when})
+    """A self-test's own outcome, for the table: only a self-test that passed proves anything. A setup or teardown
+    is kept too where it failed or took a second or more (its seconds: where CI's time goes)."""
+    if LOG in os.environ and (report.when == "call" or not report.passed or report.duration >= 1):
+        _append({"selftest": report.nodeid, "outcome": report.outcome, "when": report.when,
+                 "seconds": round(report.duration, 1)})
 
 
 # ---- the table -------------------------------------------------------------------------------------------------

@@ -22,13 +22,14 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from sparkgate import agent, embedded
 from sparkgate.probes import assistant_call, hermes_call, tool_turn
-from sparkgate.proc import cache_dir
+from sparkgate.proc import cache_dir, die_with_parent
 from sparkgate.quality import CAPITALS as TASK_CAPITALS
 
 THINK, END = "<think>", "</think>"
@@ -110,11 +111,57 @@ def _digest() -> str:
     return hashlib.sha256(Path(__file__).read_bytes() + harness.encode()).hexdigest()[:16]
 
 
+def _folder() -> Path:
+    return cache_dir() / "models" / "smollm2-think"
+
+
+def _built() -> bool:
+    stamp = _folder() / "sparkgate-build.json"
+    return stamp.exists() and json.loads(stamp.read_text()).get("digest") == _digest()
+
+
+_background: tuple[subprocess.Popen, Path] | None = None  # the build started by build_in_background, and its log
+
+
+def build_in_background() -> None:
+    """Start the build in a process of its own, unless the model is built or building: it has the CPU for minutes,
+    and work that neither times anything nor starts an engine can share the machine with it. build() waits for it;
+    it dies with this process."""
+    global _background
+    if _background is None and not _built():
+        log = _folder().with_name("smollm2-think.build.log")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        # Its threads sleep, not spin, while they wait (OMP_WAIT_POLICY: spinning took the CPU the work beside it
+        # needed: both ran twice as long), and it yields to that work (nice); neither changes the weights.
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+        with open(log, "w") as out:
+            _background = (subprocess.Popen([sys.executable, "-m", "selftest.thinker"], stdin=subprocess.DEVNULL,
+                                            stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_nice_child,
+                                            cwd=Path(__file__).parent.parent), log)
+
+
+def _nice_child() -> None:
+    die_with_parent()
+    os.nice(10)
+
+
+def stop_background() -> None:
+    """A build still running when the session ends (its model not asked for) is stopped, not left behind."""
+    if _background is not None and _background[0].poll() is None:
+        _background[0].kill()
+        _background[0].wait()
+
+
 def build(force: bool = False, log=print) -> Path:
-    """The model's folder, built once per version of this file (its digest is stamped beside the weights)."""
-    out = cache_dir() / "models" / "smollm2-think"
-    stamp = out / "sparkgate-build.json"
-    if not force and stamp.exists() and json.loads(stamp.read_text()).get("digest") == _digest():
+    """The model's folder, built once per version of this file (its digest is stamped beside the weights); a build
+    started in the background is waited for, and its failure raised with its log."""
+    out = _folder()
+    if _background is not None and not force:
+        proc, printed = _background
+        if proc.wait() != 0:
+            raise RuntimeError(f"the reasoning model's build (python -m selftest.thinker) exited {proc.returncode}; "
+                               f"its log, last:\n{printed.read_text(errors='replace')[-4000:]}")
+    if not force and _built():
         return out
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
