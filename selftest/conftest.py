@@ -48,10 +48,14 @@ def pytest_collection_modifyitems(items):
         return 4 if "embedded_server" in getattr(item, "fixturenames", ()) else 3
 
     items.sort(key=order)  # stable: within each group, the files' own order
-    _model_wanted[:] = [any(item.path.name == NEEDS_THE_MODEL for item in items)]
 
 
 _model_wanted = [False]
+
+
+def pytest_collection_finish(session):
+    """Whether a test that needs the reasoning model is selected (after -k, -m and --deselect have had their say)."""
+    _model_wanted[0] = any(item.path.name == NEEDS_THE_MODEL for item in session.items)
 
 
 def pytest_runtest_setup(item):

@@ -76,7 +76,9 @@ def proofs(lines: list[str]) -> dict[str, dict[str, list[str]]]:
     """check ID -> {"green": [self-tests], "red": [self-tests]} from a log's lines."""
     entries = [json.loads(line) for line in lines if line.strip()]
     bad = {e["selftest"] for e in entries if "selftest" in e and e["outcome"] != "passed"}
-    good = {e["selftest"] for e in entries if "selftest" in e and e["outcome"] == "passed"} - bad
+    # Passed means its call passed: a setup that passed is no proof (the run may have stopped in the call).
+    good = {e["selftest"] for e in entries
+            if "selftest" in e and e["when"] == "call" and e["outcome"] == "passed"} - bad
     out: dict[str, dict[str, set[str]]] = defaultdict(lambda: {"green": set(), "red": set()})
     for e in entries:
         if "check" in e and e["by"] in good and e["outcome"] in ("passed", "failed") and e.get("verdict", True):

@@ -25,6 +25,13 @@ def test_a_check_is_proven_only_by_self_tests_that_passed_and_only_by_what_it_di
     assert proofs(log) == {"HOST-ARCH": {"green": ["t.py::good"], "red": ["t.py::broken"]}}
 
 
+def test_a_self_test_stopped_after_its_setup_proves_nothing():
+    """A long setup is logged for its seconds; the suite runs it started are no proof until the test's call passed."""
+    log = _lines({"by": "t.py::stopped", "check": "HOST-ARCH", "outcome": "passed"},
+                 {"selftest": "t.py::stopped", "outcome": "passed", "when": "setup", "seconds": 300.0})
+    assert proofs(log) == {}
+
+
 def test_the_table_lists_the_checks_not_proven_both_ways_first():
     text = table({"HOST-ARCH": {"green": ["t.py::good"], "red": ["t.py::broken"]}}, "a log")
     rows = [line for line in text.splitlines() if line.startswith("| `")]

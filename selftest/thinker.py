@@ -17,6 +17,7 @@ that ignores the switch (TEMPLATE_ALWAYS_THINKS).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -163,6 +164,17 @@ def build(force: bool = False, log=print) -> Path:
                                f"its log, last:\n{printed.read_text(errors='replace')[-4000:]}")
     if not force and _built():
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(f"{out.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time: another process's build is waited for, and used
+        if not force and _built():
+            return out
+        for stale in [*out.parent.glob(f"{out.name}.*.tmp"), *out.parent.glob(f"{out.name}.*.old")]:
+            shutil.rmtree(stale, ignore_errors=True)  # what a build killed half-way left
+        return _train(out, log)
+
+
+def _train(out: Path, log) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
