@@ -164,7 +164,7 @@ def run(task: Task, send: Callable[[list[dict[str, Any]]], Mapping[str, Any]], p
             fn = call.get("function") if isinstance(call.get("function"), Mapping) else {}
             name, raw = str(fn.get("name")), fn.get("arguments")
             episode.calls.append(f"{name[:40]!r}({repr(raw)[:60]})")  # a server's strings: escaped
-            args = raw if isinstance(raw, dict) else _loads(raw)
+            args = _loads(raw)
             result, problem = _result(name, args, raw)
             if problem:
                 episode.malformed.append(problem)
@@ -175,8 +175,9 @@ def run(task: Task, send: Callable[[list[dict[str, Any]]], Mapping[str, Any]], p
 
 
 def _loads(raw: Any) -> dict[str, Any]:
+    """A call's arguments as an object: a JSON string read, an object as it came, anything else kept as text."""
     try:
-        value = json.loads(raw) if isinstance(raw, str) else None
+        value = json.loads(raw) if isinstance(raw, str) else raw
     except ValueError:
         value = None
     return value if isinstance(value, dict) else {"raw": str(raw)[:200]}
