@@ -1,17 +1,22 @@
-"""A fleet's results files compared: three test hosts over real ssh, one on an older driver, each checked by the
-host layer as an owner checks a box; `sparkgate fleet` names the box that differs and what differs."""
+"""A fleet: three test hosts over real ssh, one on an older driver, checked by the host layer in one command (one
+pytest-xdist worker per box) with one merged report; Ctrl-C during such a run; and the boxes' results files compared
+by `sparkgate fleet`, which names the box that differs and what differs."""
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from selftest.testhost.spark01 import DEFAULT_DRIVER, HostSpec, TestHost
-from sparkgate.fleet import Difference
+from sparkgate.fleet import Difference, fleet_hosts, per_host
+from sparkgate.hostlock import LOCK_DIR
 
-from .helpers import node_id, run_suites_at_once
+from .helpers import ROOT, SUITE_PLUGINS, TESTS, node_id, run_suites_at_once
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test hosts need root (network namespaces)")
 OLD_DRIVER = "580.159.03"
@@ -23,18 +28,148 @@ def fleet(*files):
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """host name -> the results file of its host-layer run (the driver check: the results record the box either way);
-    spark02 runs an older driver. The three run at once, each against its own host."""
-    tmp = tmp_path_factory.mktemp("fleet")
-    test = node_id(__name__, "test_the_box_on_another_driver_is_named_with_its_driver_and_module")
+def boxes(tmp_path_factory):
+    """Three test hosts, spark02 on an older driver, and one ssh config that names them all."""
     with TestHost(HostSpec(), "spark01", 0) as a, TestHost(HostSpec(driver_version=OLD_DRIVER), "spark02", 1) as b, \
             TestHost(HostSpec(), "spark03", 2) as c:
-        runs = run_suites_at_once({h.name: (test, ["-m", "host", f"--host={h.name}", f"--ssh-config={h.ssh_config}",
-                                                   f"--results-json={tmp / f'{h.name}.json'}", "-k", "driver_is"])
-                                   for h in (a, b, c)}, tmp)
-    assert [r.ret for r in runs.values()] == [0, 1, 0], {n: r.stdout.str()[-2000:] for n, r in runs.items()}
-    return {name: tmp / f"{name}.json" for name in runs}
+        config = tmp_path_factory.mktemp("fleet-ssh") / "ssh_config"
+        config.write_text("".join(h.ssh_config.read_text() for h in (a, b, c)))
+        yield {h.name: h for h in (a, b, c)}, config
+
+
+@pytest.fixture(scope="module")
+def fleet_run(boxes, tmp_path_factory):
+    """One command checks the three boxes at once, two named by --host and one by an inventory file, one pytest-xdist
+    worker each: the driver check, with a results file per box, one Markdown summary and one HTML report."""
+    hosts, ssh_config = boxes
+    tmp = tmp_path_factory.mktemp("fleet")
+    (tmp / "inventory").write_text("# the lab\n[sparks]\nspark03\n")
+    test = node_id(__name__, "test_one_command_checks_every_box_and_fails_only_the_box_on_the_old_driver")
+    run = run_suites_at_once({"fleet": (test, [
+        "-m", "host", "--host=spark01", "--host=spark02", f"--inventory={tmp / 'inventory'}",
+        f"--ssh-config={ssh_config}", f"--results-json={tmp / 'run.json'}", f"--summary-md={tmp / 'fleet.md'}",
+        f"--html={tmp / 'fleet.html'}", "--self-contained-html", "-k", "driver_is"])}, tmp)["fleet"]
+    return run, tmp
+
+
+@pytest.fixture(scope="module")
+def results(fleet_run):
+    """host name -> its results file, as the fleet run wrote them."""
+    run, tmp = fleet_run
+    return {name: tmp / f"run.{name}.json" for name in ("spark01", "spark02", "spark03")}
+
+
+def test_one_command_checks_every_box_and_fails_only_the_box_on_the_old_driver(fleet_run):
+    """Each box MUST be checked by its own worker: spark01 and spark03 pass the driver check, spark02 fails exactly
+    it, and every failure names its box."""
+    run, _ = fleet_run
+    out = run.stdout.str()
+    assert run.ret == 1, out[-3000:]
+    assert "sparkgate fleet: spark01 (gw0), spark02 (gw1), spark03 (gw2)" in out, out[:3000]
+    failed = [line.split(" - ")[0] for line in run.outlines if line.startswith("FAILED ")]
+    assert failed == ["FAILED tests/host/test_driver.py::test_the_driver_is_at_least_the_profiles_minimum@spark02"], \
+        failed
+    assert "__ test_the_driver_is_at_least_the_profiles_minimum@spark02 __" in out, out[-3000:]
+    for box, (passed, n_failed) in {"spark01": (1, 0), "spark02": (0, 1), "spark03": (1, 0)}.items():
+        assert f"{box}: {passed} passed, {n_failed} failed, 0 could not run; results: " in out, out[-3000:]
+    assert (f"DIFFERS driver: spark02 has {OLD_DRIVER}; the other 2 (spark01, spark03) have {DEFAULT_DRIVER}"
+            in run.outlines), out[-3000:]
+
+
+def test_the_fleet_summary_groups_failures_by_box_under_one_table_of_boxes(fleet_run, results):
+    run, tmp = fleet_run
+    md = (tmp / "fleet.md").read_text()
+    assert md.startswith("# sparkgate fleet: 3 boxes\n"), md[:500]
+    assert f"| spark02 | 0 | 1 | 0 | {results['spark02']} |" in md, md[:1500]
+    spark02 = md.split("## spark02: 0 passed, 1 failed, 0 could not run")[1].split("## spark03")[0]
+    assert "- **HOST-DRIVER-MIN**" in spark02 and f"- Driver: {OLD_DRIVER}" not in md.split("## spark02")[0], md
+    assert "HOST-DRIVER-MIN" not in md.split("## spark01: 1 passed")[1].split("## spark02")[0], md
+
+
+def test_the_fleet_report_has_a_host_column_and_a_section_per_box(fleet_run):
+    """The HTML report, as a person sees it in Chromium: the boxes' table, the agreement naming spark02's driver,
+    and the failed row naming its box in the Host column."""
+    browser = shutil.which("chromium")
+    if browser is None:
+        pytest.skip("no chromium: the report was written but not opened (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    _, tmp = fleet_run
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=browser, args=["--no-sandbox", "--disable-gpu"])
+        page = chromium.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto((tmp / "fleet.html").as_uri())
+        page.wait_for_selector("#sparkgate-fleet")
+        assert "spark02\t0\t1\t0" in page.inner_text("#sparkgate-fleet"), page.inner_text("#sparkgate-fleet")
+        assert f"DIFFERS driver: spark02 has {OLD_DRIVER}" in page.inner_text("#sparkgate-agreement")
+        failed = page.locator("#results-table tbody.failed tr").first.inner_text()
+        assert failed.split("\t")[:3] == ["Failed", "spark02", "HOST-DRIVER-MIN"], failed
+        page.screenshot(path=str(tmp / "fleet.png"), full_page=True)
+        chromium.close()
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm-to-the-controller"])
+def test_ctrl_c_during_a_fleet_run_puts_every_box_back(boxes, tmp_path, how):
+    """Ctrl-C (SIGINT to the terminal's process group), or SIGTERM to the controller alone (CI's cancel), while both
+    boxes' runs hold their locks mid-check: the run MUST stop with exit 2, each box's run lock MUST be free with no holder record or journal left, no lock holder of this
+    machine may outlive it, and the progress lines MUST name their box."""
+    hosts, ssh_config = boxes
+    held = tmp_path / "held"
+    held.mkdir()
+    env = {**os.environ, "SG_HELD_DIR": str(held), "HOME": str(tmp_path), "PY_COLORS": "0",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.Popen([sys.executable, "-m", "pytest", TESTS, *SUITE_PLUGINS, "-p", "selftest.hold_check", "-m",
+                            "host", "--host=spark01", "--host=spark02", f"--ssh-config={ssh_config}"],
+                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(held.iterdir())) < 2 and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sorted(p.name for p in held.iterdir()) == ["spark01", "spark02"], run.communicate(timeout=30)[0]
+        if how == "ctrl-c":
+            os.killpg(run.pid, signal.SIGINT)
+        else:
+            os.kill(run.pid, signal.SIGTERM)
+        out = run.communicate(timeout=120)[0]
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 2, out[-3000:]
+    assert "[sparkgate spark01] holding the driver check" in out and "[sparkgate spark02] holding" in out, out[-3000:]
+    assert "interrupted: waiting for each box's run to put its box back" in out, out[-3000:]
+    for name in ("spark01", "spark02"):
+        left = hosts[name].run(f"ls -A {LOCK_DIR}; flock -n {LOCK_DIR} echo free")
+        assert left.stdout.split() == ["free"], (name, left.stdout, out[-3000:])
+    holders = subprocess.run(["pgrep", "-f", "sparkgate-lock"], capture_output=True, text=True).stdout.split()
+    assert not holders, holders
+
+
+def test_an_inventory_names_boxes_and_refuses_what_it_would_misread(tmp_path):
+    inventory = tmp_path / "inventory"
+    inventory.write_text("[sparks]\nspark01  # rack 2\n\n; old\nssh://ops@spark02:2222\n")
+    assert fleet_hosts(["spark09"], str(inventory)) == ["spark09", "spark01", "ssh://ops@spark02:2222"]
+    assert per_host("out/run.json", "ssh://ops@spark02:2222") == "out/run.ops_spark02_2222.json"
+    inventory.write_text("[sparks]\nspark01 ansible_host=10.0.0.7\n")
+    with pytest.raises(ValueError, match=r"line 2: 'spark01 ansible_host=10.0.0.7' says more than a box"):
+        fleet_hosts(None, str(inventory))
+    with pytest.raises(ValueError, match="spark01 named twice"):
+        fleet_hosts(["spark01", "spark01"], None)
+    with pytest.raises(ValueError, match="local in a fleet"):
+        fleet_hosts(["local", "spark01"], None)
+    inventory.write_text("# nothing\n[sparks]\n")
+    with pytest.raises(ValueError, match="names no box"):
+        fleet_hosts(None, str(inventory))
+    assert fleet_hosts(None, None) == ["local"]
+
+
+def test_a_fleet_refuses_options_that_would_share_a_box_or_a_worker(tmp_path):
+    """-n and --base-url with several boxes MUST be one clear usage error each (exit 4), before any box is reached."""
+    for extra, said in ((["-n", "3"], "leave out -n, --dist and --tx"),
+                        (["--base-url=http://x:8000", "--recipe=smollm2-cpu"], "--base-url tests one running server")):
+        run = subprocess.run([sys.executable, "-m", "pytest", TESTS, *SUITE_PLUGINS, "--host=spark01",
+                              "--host=spark02", *extra], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 4 and said in run.stderr, (extra, run.stdout[-1500:], run.stderr[-1500:])
 
 
 def test_the_box_on_another_driver_is_named_with_its_driver_and_module(results):
@@ -76,7 +211,7 @@ def test_one_host_in_two_files_is_told_apart_by_file_and_what_a_file_says_is_pri
     again.write_bytes(results["spark01"].read_bytes())
     run = fleet(results["spark01"], evil, again)
     assert "\x1b" not in run.stdout and "spark01?[2J has" in run.stdout, run.stdout
-    assert run.stdout.splitlines()[0] == ("fleet of 3 boxes: spark01 (spark01.json), spark01?[2J, spark01 "
+    assert run.stdout.splitlines()[0] == ("fleet of 3 boxes: spark01 (run.spark01.json), spark01?[2J, spark01 "
                                           "(spark01-again.json)"), run.stdout
 
 

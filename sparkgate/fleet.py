@@ -129,3 +129,50 @@ def report(boxes: dict[str, Results], differ: list[Difference], agree: list[str]
     if one:
         lines.append("recorded by one box only, not compared: " + "; ".join(f"{k} ({v[0]})" for k, v in one.items()))
     return "\n".join(lines) + "\n"
+
+
+# ---- one run over several boxes (`--host` repeated, `--inventory`): one pytest-xdist worker per box ----------------
+
+def read_inventory(path: str) -> list[str]:
+    """The boxes an inventory file names: one target per line (an ssh name, ssh://user@host:port, or local), as an
+    Ansible INI inventory lists its hosts; `[group]` headers, blank lines and `#`/`;` comments are skipped. A line
+    that says more than a target (Ansible's host variables) is an error naming the line: sparkgate reaches a box by
+    its ssh config, and a variable it does not read would silently point the run elsewhere."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--inventory {path}: cannot be read: {exc}") from None
+    hosts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        words = line.split("#")[0].split(";")[0].split()
+        if not words or (len(words) == 1 and words[0].startswith("[") and words[0].endswith("]")):
+            continue
+        if len(words) > 1:
+            raise ValueError(f"--inventory {path}, line {n}: {printable(line.strip(), 120)!r} says more than a box: "
+                             "one target per line; put the user, port and address in your ssh config (Host NAME)")
+        hosts.append(words[0])
+    if not hosts:
+        raise ValueError(f"--inventory {path}: names no box (one ssh name or ssh://user@host:port per line)")
+    return hosts
+
+
+def fleet_hosts(given: list[str] | None, inventory: str | None) -> list[str]:
+    """Every box of the run, in order: --host (repeatable) then --inventory's; local when none is named."""
+    hosts = [*(given or []), *(read_inventory(inventory) if inventory else [])] or ["local"]
+    twice = [h for h, n in Counter(hosts).items() if n > 1]
+    if twice:
+        raise ValueError(f"{', '.join(twice)} named twice: one run per box (the box's run lock allows no other)")
+    if len(hosts) > 1 and "local" in hosts:
+        raise ValueError("local in a fleet: a fleet is boxes reached over ssh (name this machine by its ssh name)")
+    return hosts
+
+
+def file_label(host: str) -> str:
+    """A box's name as a part of a file name: `ssh://ops@spark01:2222` -> `ops_spark01_2222`."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in host.removeprefix("ssh://"))
+
+
+def per_host(path: str, host: str) -> str:
+    """Where a box of a fleet writes what one run writes to PATH: `run.json` -> `run.spark01.json`."""
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.{file_label(host)}{p.suffix}"))

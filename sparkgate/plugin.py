@@ -15,6 +15,8 @@ import pytest
 from . import link
 from .checks import Check
 from .compare import TOLERANCE_PCT
+from .fleet import fleet_hosts
+from .fleetrun import WORKER_KEY, FleetRun, worker_options
 from .gpuclocks import GpuClocks
 from .hostfacts import HostFacts
 from .kernellog import KernelLog
@@ -70,9 +72,13 @@ def _mtu(text: str) -> int:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("sparkgate", "sparkgate: is this box fit to serve?")
-    group.addoption("--host", dest="sg_host", default="local", metavar="TARGET",
-                    help="the box to check: an ssh name from your ssh config, ssh://user@host:port, or "
-                         "local (default: local)")
+    group.addoption("--host", dest="sg_hosts", action="append", default=None, metavar="TARGET",
+                    help="the box to check: an ssh name from your ssh config, ssh://user@host:port, or local; "
+                         "repeatable: several boxes checked at once, one pytest-xdist worker each, one report "
+                         "(default: local)")
+    group.addoption("--inventory", dest="sg_inventory", default=None, metavar="FILE",
+                    help="more boxes to check at once: one target per line, as an Ansible INI inventory lists its "
+                         "hosts ([group] headers and comments skipped) (default: none)")
     group.addoption("--level", dest="sg_level", choices=list(LEVELS), default=DEFAULT,
                     help="how much of each check runs, by time budget: quick (every layer, the fewest repetitions a "
                          "verdict needs: minutes), standard (the repetitions the upgrade gate needs), extended (plus "
@@ -170,6 +176,16 @@ def pytest_configure(config: pytest.Config) -> None:
         if getattr(config.option, option, None):
             raise pytest.UsageError(f"--{option} is testinfra's option, and sparkgate does not read it: the box is "
                                     "--host (an ssh name, ssh://user@host:port, or local), reached over ssh")
+    try:
+        hosts = fleet_hosts(config.option.sg_hosts, config.option.sg_inventory)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    worker = getattr(config, "workerinput", None)
+    if len(hosts) > 1 and worker is None:  # the controller of a fleet: it runs no check and touches no box
+        config.pluginmanager.register(FleetRun(config, hosts), "sparkgate-fleet")
+    config.option.sg_host = worker.get(WORKER_KEY, hosts[0]) if worker else hosts[0]
+    if worker and WORKER_KEY in worker:  # one box of a fleet, in a worker of its own
+        worker_options(config, config.option.sg_host)
     reporting = Reporting(config)
     config.stash[RUN] = reporting.run = RunSession(config, reporting.say)
     config.pluginmanager.register(reporting, "sparkgate-reporting")

@@ -213,11 +213,12 @@ padding:3px 6px;text-align:left}.sparkgate-table th{background:#eee}.sparkgate-c
 </style>"""
 
 
-def summary_html(outcomes: list[CheckResult], measured: list[Measurement], answers: list[list[str]] = ()) -> str:
-    """The section that opens the report."""
+def summary_html(outcomes: list[CheckResult], measured: list[Measurement], answers: list[list[str]] = (),
+                 title: str = "sparkgate") -> str:
+    """The section that opens the report (in a fleet's, one per box: `title` is the box)."""
     counts = {k: sum(1 for o in outcomes if o.outcome == k) for k in ("passed", "failed", "skipped")}
     parts = [STYLE, '<div class="sparkgate-summary" id="sparkgate-summary">',
-             f"<h2>sparkgate: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} could not "
+             f"<h2>{_esc(title)}: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} could not "
              "run</h2>"]
     grouped, alone = causes(outcomes)
     if grouped or alone:
@@ -252,11 +253,11 @@ def summary_html(outcomes: list[CheckResult], measured: list[Measurement], answe
 
 
 def summary_markdown(outcomes: list[CheckResult], measured: list[Measurement], env: dict[str, str],
-                     answers: list[list[str]] = ()) -> str:
+                     answers: list[list[str]] = (), title: str = "sparkgate") -> str:
     """The same, short enough to paste into an issue."""
     counts = {k: sum(1 for o in outcomes if o.outcome == k) for k in ("passed", "failed", "skipped")}
-    lines = [f"## sparkgate: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} could not run",
-             ""]
+    lines = [f"## {md_text(title)}: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} could "
+             "not run", ""]
     grouped, alone = causes(outcomes)
     if grouped or alone:
         lines += ["### Failures", ""]

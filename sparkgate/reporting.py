@@ -5,13 +5,16 @@ environment table, the Markdown summary, and the checks catalogue. The numbers c
 from __future__ import annotations
 
 import html
+import sys
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .checks import Check
+from .fleetrun import WORKER_KEY
 from .redact import mask
 from .report import answer_rows, summary_html, summary_markdown
 from .results import CheckResult
@@ -23,19 +26,23 @@ class Reporting:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.run: RunSession | None = None  # set once the run exists (it needs `say` to be made)
+        # In a fleet, each box's run is a pytest-xdist worker, whose terminal is not the operator's: its progress
+        # goes to the stderr it shares with the controller, each line naming its box.
+        self.box: str | None = getattr(config, "workerinput", {}).get(WORKER_KEY)
 
     def say(self, msg: str) -> None:
         """A progress line on the terminal, masked, around pytest's capture (which would hold it until the test
         ends: a model loads for minutes). A line that starts with two spaces is a detail, left out under -q."""
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         capman = self.config.pluginmanager.get_plugin("capturemanager")
-        if reporter is None or (self.config.option.verbose < 0 and msg.startswith("  ")):
+        if (reporter is None and self.box is None) or (self.config.option.verbose < 0 and msg.startswith("  ")):
             return
-        if capman is not None:
-            with capman.global_and_fixture_disabled():
+        with capman.global_and_fixture_disabled() if capman is not None else nullcontext():
+            if self.box is not None:
+                sys.stderr.write(f"[sparkgate {mask(self.box)}] {mask(msg)}\n")
+                sys.stderr.flush()
+            else:
                 reporter.write_line(f"[sparkgate] {mask(msg)}")
-        else:
-            reporter.write_line(f"[sparkgate] {mask(msg)}")
 
     # ---- every report masked, with its check's ID --------------------------------------------------------
 
@@ -88,7 +95,9 @@ class Reporting:
             return
         masked = {k: mask(v) for k, v in self.run.environment.items()}  # masked first, then escaped: never after
         meta = self._metadata()
-        if meta is not None:  # pytest-html renders the values as HTML: what a server or recipe says is only text
+        if meta is not None and self.box is None:  # a fleet's boxes: each in its section (their workers' metadata
+            # would overwrite each other's in the controller's); pytest-html renders the values as HTML: what a server
+            # or recipe says is only text
             meta.update({k: html.escape(v) for k, v in masked.items()})
         if path := self.config.option.sg_summary_md:
             env = {**{k: str(v) for k, v in (meta or {}).items() if k not in masked}, **masked}

@@ -20,6 +20,7 @@ import pytest
 from . import __version__, commit, gpuclocks, kernellog, redact
 from .checks import Check
 from .compare import ALPHA, compare_figure, key
+from .fleetrun import OUTPUT_KEY
 from .hostfacts import HostFacts, gather, gpu_mib_of_container, matching_profile
 from .hostlock import OLD_JOURNAL, HostLock, Journal, JournalError, LockError
 from .launch import Server, StartError
@@ -321,10 +322,11 @@ class RunSession:
         self.not_matching = [r for r in self.selected if r not in matching]
         self.selected = matching
 
-    @pytest.hookimpl(trylast=True)
+    @pytest.hookimpl(tryfirst=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Read the host once (never for --collect-only or --list-checks) and keep the recipes whose profile it
-        matches: the host layer first, then each recipe's layers in turn."""
+        matches: the host layer first, then each recipe's layers in turn. First of the hooks: a fleet's worker
+        (pytest-xdist) tells the controller which checks it runs in its own, and they must be these."""
         config = session.config
         if config.option.sg_list_checks or config.option.collectonly or not any(layer(i) for i in session.items):
             return
@@ -534,6 +536,8 @@ class RunSession:
             if reporter:
                 reporter.write_line(f"sparkgate: all {len(self.outcomes)} selected checks were skipped: nothing ran "
                                     "(exit status 5; read the skip reasons)")
+        if (output := getattr(self.config, "workeroutput", None)) is not None:  # a fleet's worker: to the controller
+            output[OUTPUT_KEY] = (int(session.exitstatus), self.results.data.model_dump_json(), self.environment)
 
     # ---- signals ------------------------------------------------------------------------------------------
 

@@ -1,0 +1,199 @@
+"""A fleet in one run (`--host` repeated, or `--inventory`): pytest-xdist runs one worker per box, each a whole
+sparkgate run of its own (its box's lock, journal, recipes, teardown and results file), so one box's failure or
+Ctrl-C never reaches another's. This is the controller's side: it starts the workers, runs no check and touches no
+box, and merges what they report: one HTML report with a host column, one Markdown summary, the fleet's agreement."""
+
+from __future__ import annotations
+
+import html
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import fleet
+from .proc import TEARDOWN_SIGNALS
+from .redact import mask, md_text
+from .report import answer_rows, summary_html, summary_markdown
+from .results import Results
+
+WORKER_KEY = "sparkgate_host"  # the box a worker checks, in its workerinput
+OUTPUT_KEY = "sparkgate_results"  # what the worker measured, in its workeroutput
+
+
+def worker_options(config: pytest.Config, host: str) -> None:
+    """A worker's run writes its own results file beside the others (`run.json` -> `run.HOST.json`); the
+    controller writes the one Markdown summary."""
+    opt = config.option
+    if opt.sg_results_json:
+        opt.sg_results_json = fleet.per_host(opt.sg_results_json, host)
+    opt.sg_summary_md = None
+
+
+class FleetRun:
+    def __init__(self, config: pytest.Config, hosts: list[str]) -> None:
+        opt = config.option
+        if not config.pluginmanager.hasplugin("xdist"):
+            raise pytest.UsageError("several boxes at once run on pytest-xdist, which is not installed: "
+                                    "pip install pytest-xdist (or one run per box: docs/FLEET.md)")
+        if getattr(opt, "numprocesses", None) or getattr(opt, "tx", None) or getattr(opt, "dist", "no") != "no":
+            raise pytest.UsageError("with several --host, sparkgate starts one pytest-xdist worker per box itself: "
+                                    "leave out -n, --dist and --tx")
+        if opt.sg_base_url:
+            raise pytest.UsageError("--base-url tests one running server: name one --host with it")
+        opt.dist, opt.tx, opt.maxworkerrestart = "each", ["popen"] * len(hosts), "0"  # a dead worker's box: not rerun
+        self.config, self.hosts = config, hosts
+        self.results_json, self.summary_md = opt.sg_results_json, opt.sg_summary_md
+        opt.sg_results_json = opt.sg_summary_md = None  # the controller measures nothing: the workers write them
+        self.results: dict[str, Results] = {}
+        self.interrupted = False
+        self.outcomes: dict[str, dict[str, str]] = {}  # box -> test -> its outcome, as the reports arrive
+        self.collected: dict[str, int] = {}  # worker -> the checks its box runs
+        self.status: dict[str, int] = {}  # box -> its run's exit status (the gate's verdict included)
+        self.environment: dict[str, dict[str, str]] = {}  # box -> its run's environment table
+        self.down: dict[str, str] = {}  # box -> why its worker ended without results
+        self.agreement: tuple[list[fleet.Difference], list[str], dict[str, list[str]]] | None = None
+
+    # ---- the workers ------------------------------------------------------------------------------------------
+
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput[WORKER_KEY] = self.hosts[int(node.gateway.id.removeprefix("gw"))]
+
+    def pytest_testnodedown(self, node: Any, error: object | None) -> None:
+        host = node.workerinput[WORKER_KEY]
+        status, said, environment = getattr(node, "workeroutput", {}).get(OUTPUT_KEY, (None, None, None))
+        if said:
+            self.results[host] = Results.model_validate_json(said)
+            self.status[host], self.environment[host] = status, environment
+        if error or not said:
+            self.down[host] = mask(str(error or "its run ended before it reached the box"))
+
+    # ---- what a person reads ----------------------------------------------------------------------------------
+
+    def pytest_report_header(self, config: pytest.Config) -> str:
+        return "sparkgate fleet: " + ", ".join(f"{h} (gw{i})" for i, h in enumerate(self.hosts))
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session = session
+        for s in TEARDOWN_SIGNALS:  # the boxes' runs are the workers: a signal to the controller alone reaches them
+            signal.signal(s, self._interrupt)
+
+    def _interrupt(self, signum: int, frame: object) -> None:
+        """Each box's run stops the way a run stops on its own (its teardown puts the box back); the controller stops
+        taking reports, and waits for them (pytest_sessionfinish). A Ctrl-C typed reaches the workers too, and a second
+        signal is noted by them, not obeyed."""
+        first = not self.interrupted
+        self.interrupted = True
+        for gateway in self._gateways():
+            try:
+                os.kill(gateway._io.popen.pid, signal.SIGINT)
+            except (AttributeError, OSError):
+                pass  # gone already
+        if first:
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+
+    def _gateways(self) -> list[Any]:
+        dsession = self.config.pluginmanager.getplugin("dsession")
+        return list(getattr(getattr(dsession, "nodemanager", None), "group", None) or [])
+
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.collected[node.gateway.id] = len(ids)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Every report names its box: its test id (the terminal's summary, the HTML report's rows) and the failure's
+        headline, `test_x@spark02`."""
+        self.session.testscollected = sum(self.collected.values())  # xdist counts one box's: progress is the fleet's
+        if box := host_of(report):
+            seen = self.outcomes.setdefault(box, {})
+            if report.when == "call" or not report.passed:  # a check's outcome; a failure in any phase is its own
+                if seen.get(report.nodeid) != "failed":
+                    seen[report.nodeid] = report.outcome
+            report.nodeid = f"{report.nodeid}@{box}"
+            path, line, domain = report.location
+            report.location = (path, line, f"{domain}@{box}")
+
+    def boxes(self) -> dict[str, Results]:
+        return {h: self.results[h] for h in self.hosts if h in self.results}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """The fleet's agreement (a box that differs fails the run) and the one Markdown summary."""
+        dsession = self.config.pluginmanager.getplugin("dsession")
+        if nodes := getattr(dsession, "nodemanager", None):  # xdist kills a worker 10 s after asking it to end: a box's
+            nodes.EXIT_TIMEOUT = None  # teardown (a container removed, production put back) may take longer
+            if self.interrupted:
+                self.config.pluginmanager.get_plugin("terminalreporter").write_line(
+                    "[sparkgate] interrupted: waiting for each box's run to put its box back")
+        boxes = self.boxes()
+        if len(boxes) > 1:
+            self.agreement = fleet.differences(boxes)
+        if exitstatus == pytest.ExitCode.OK:  # what a box's run decided at its end (the gate), or boxes that differ
+            statuses = set(self.status.values())
+            worst = 1 if 1 in statuses else max(statuses, default=0)
+            if worst or (self.agreement and self.agreement[0]):
+                session.exitstatus = worst or pytest.ExitCode.TESTS_FAILED
+        if self.summary_md:
+            Path(self.summary_md).write_text(mask(self.markdown()))
+
+    def agreement_text(self) -> str:
+        if self.agreement is None:
+            return f"fleet agreement: not compared ({len(self.results)} of {len(self.hosts)} boxes reported)\n"
+        return fleet.report(self.boxes(), *self.agreement)
+
+    def overview(self) -> list[list[str]]:
+        """Per box: passed, failed, could not run, and its results file (or why it has none)."""
+        rows = []
+        for h in self.hosts:
+            seen = list(self.outcomes.get(h, {}).values())
+            n = {k: str(seen.count(k)) for k in ("passed", "failed", "skipped")}
+            where = fleet.per_host(self.results_json, h) if self.results_json else "none (--results-json)"
+            rows.append([h, n["passed"], n["failed"], n["skipped"], where + (f"; {self.down[h]}" if h in self.down
+                                                                           else "")])
+        return rows
+
+    def markdown(self) -> str:
+        lines = [f"# sparkgate fleet: {len(self.hosts)} boxes", "",
+                 "| host | passed | failed | could not run | results |", "| --- | --- | --- | --- | --- |",
+                 *("| " + " | ".join(md_text(c) for c in r) + " |" for r in self.overview()), "", "## Agreement", "",
+                 *(f"- {md_text(line)}" for line in self.agreement_text().splitlines()), ""]
+        for h, r in self.boxes().items():
+            lines.append(summary_markdown(r.checks, r.measurements, self.environment[h], answer_rows(r.answers),
+                                          title=h))
+        return "\n".join(lines)
+
+    def pytest_html_results_summary(self, prefix: list[str], summary: list[str], postfix: list[str],
+                                    session: pytest.Session) -> None:
+        head = "".join(f"<th>{c}</th>" for c in ("host", "passed", "failed", "could not run", "results"))
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(mask(c))}</td>" for c in r) + "</tr>"
+                       for r in self.overview())
+        prefix.append(f'<h2>sparkgate fleet: {len(self.hosts)} boxes</h2><table class="sparkgate-table" '
+                      f'id="sparkgate-fleet"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+                      f'<pre id="sparkgate-agreement">{html.escape(mask(self.agreement_text()))}</pre>')
+        for h, r in self.boxes().items():
+            prefix.append(summary_html(r.checks, r.measurements, answer_rows(r.answers), title=h))
+            prefix.append('<table class="sparkgate-table">' + "".join(
+                f"<tr><th>{html.escape(mask(k))}</th><td>{html.escape(mask(v))}</td></tr>"
+                for k, v in self.environment[h].items()) + "</table>")
+
+    def pytest_html_results_table_header(self, cells: list[str]) -> None:
+        cells.insert(1, "<th>Host</th>")
+
+    def pytest_html_results_table_row(self, report: pytest.TestReport, cells: list[str]) -> None:
+        cells.insert(1, f"<td>{html.escape(mask(host_of(report)))}</td>")
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for row in self.overview():
+            terminalreporter.write_line(mask(f"{row[0]}: {row[1]} passed, {row[2]} failed, {row[3]} could not run; "
+                                             f"results: {row[4]}"))
+        text = self.agreement_text()
+        terminalreporter.write_line(mask(text.rstrip()), red=bool(self.agreement and self.agreement[0]))
+
+
+def host_of(report: pytest.TestReport) -> str:
+    """The box a worker's report is about (xdist sets `node` on the reports it receives)."""
+    node = getattr(report, "node", None)
+    return getattr(node, "workerinput", {}).get(WORKER_KEY, "")
+
