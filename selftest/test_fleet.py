@@ -111,8 +111,9 @@ def test_the_fleet_report_has_a_host_column_and_a_section_per_box(fleet_run):
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm-to-the-controller"])
 def test_ctrl_c_during_a_fleet_run_puts_every_box_back(boxes, tmp_path, how):
     """Ctrl-C (SIGINT to the terminal's process group), or SIGTERM to the controller alone (CI's cancel), while both
-    boxes' runs hold their locks mid-check: the run MUST stop with exit 2, each box's run lock MUST be free with no holder record or journal left, no lock holder of this
-    machine may outlive it, and the progress lines MUST name their box."""
+    boxes' runs hold their locks mid-check: the run MUST stop with exit 2, each box's run lock MUST be free with no
+    holder record or journal left, no lock holder of this machine may outlive it, and the progress lines MUST name
+    their box."""
     hosts, ssh_config = boxes
     held = tmp_path / "held"
     held.mkdir()
@@ -143,6 +144,22 @@ def test_ctrl_c_during_a_fleet_run_puts_every_box_back(boxes, tmp_path, how):
         assert left.stdout.split() == ["free"], (name, left.stdout, out[-3000:])
     holders = subprocess.run(["pgrep", "-f", "sparkgate-lock"], capture_output=True, text=True).stdout.split()
     assert not holders, holders
+
+
+def test_a_box_that_cannot_be_reached_is_one_error_and_the_other_boxes_are_checked(boxes, tmp_path):
+    """A fleet with one box ssh cannot reach: that box MUST be one error naming it (exit 4), the other box MUST still be
+    checked, and the run MUST NOT hang waiting for the lost box's worker."""
+    _, ssh_config = boxes
+    env = {**os.environ, "HOME": str(tmp_path), "PY_COLORS": "0",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-m", "pytest", TESTS, *SUITE_PLUGINS, "-m", "host", "-k", "driver_is",
+                          "--host=spark01", "--host=sg-nowhere.invalid", f"--ssh-config={ssh_config}"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 4, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "spark01: 1 passed, 0 failed, 0 could not run" in run.stdout, run.stdout[-3000:]
+    assert "sg-nowhere.invalid: 0 passed, 0 failed, 0 could not run; results: ERROR: cannot reach sg-nowhere.invalid " \
+           "to take its run lock" in run.stdout, run.stdout[-3000:]
+    assert "[sparkgate sg-nowhere.invalid] ERROR: this box could not be checked" in run.stderr, run.stderr[-3000:]
 
 
 def test_an_inventory_names_boxes_and_refuses_what_it_would_misread(tmp_path):

@@ -63,10 +63,13 @@ class FleetRun:
 
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
         host = node.workerinput[WORKER_KEY]
-        status, said, environment = getattr(node, "workeroutput", {}).get(OUTPUT_KEY, (None, None, None))
-        if said:
-            self.results[host] = Results.model_validate_json(said)
-            self.status[host], self.environment[host] = status, environment
+        status, said, environment, unusable = getattr(node, "workeroutput", {}).get(OUTPUT_KEY, (None,) * 4)
+        if status is not None:
+            self.status[host] = status
+        if unusable:
+            self.down[host] = f"ERROR: {mask(unusable)}"
+        elif said:
+            self.results[host], self.environment[host] = Results.model_validate_json(said), environment
         if error or not said:
             self.down[host] = mask(str(error or "its run ended before it reached the box"))
 
@@ -130,11 +133,11 @@ class FleetRun:
         boxes = self.boxes()
         if len(boxes) > 1:
             self.agreement = fleet.differences(boxes)
-        if exitstatus == pytest.ExitCode.OK:  # what a box's run decided at its end (the gate), or boxes that differ
-            statuses = set(self.status.values())
-            worst = 1 if 1 in statuses else max(statuses, default=0)
-            if worst or (self.agreement and self.agreement[0]):
-                session.exitstatus = worst or pytest.ExitCode.TESTS_FAILED
+        # What a box's run decided at its end (the gate; a box that could not be checked: 4), or boxes that differ.
+        statuses = set(self.status.values()) - {0}
+        if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED) and (
+                statuses or (self.agreement and self.agreement[0])):
+            session.exitstatus = 1 if 1 in statuses or not statuses else max(statuses)
         if self.summary_md:
             Path(self.summary_md).write_text(mask(self.markdown()))
 
@@ -150,8 +153,7 @@ class FleetRun:
             seen = list(self.outcomes.get(h, {}).values())
             n = {k: str(seen.count(k)) for k in ("passed", "failed", "skipped")}
             where = fleet.per_host(self.results_json, h) if self.results_json else "none (--results-json)"
-            rows.append([h, n["passed"], n["failed"], n["skipped"], where + (f"; {self.down[h]}" if h in self.down
-                                                                           else "")])
+            rows.append([h, n["passed"], n["failed"], n["skipped"], self.down.get(h, where)])
         return rows
 
     def markdown(self) -> str:

@@ -96,6 +96,7 @@ class RunSession:
         self.began: float | None = None  # when the run began on the box (time.time()), once it reached it
         self.serving_now: list[ExitStack] = []  # the servers this run started and has not removed yet
         self.started_any = False  # whether it started a server of its own (not --base-url, not in place)
+        self.unusable: str | None = None  # a fleet's box: why it could not be checked at all
         self._saved_handlers: dict[int, Any] = {}
         # Secrets the run knows before it starts: they are masked in everything it writes.
         redact.secret(opt.sg_api_key)
@@ -327,6 +328,19 @@ class RunSession:
         """Read the host once (never for --collect-only or --list-checks) and keep the recipes whose profile it
         matches: the host layer first, then each recipe's layers in turn. First of the hooks: a fleet's worker
         (pytest-xdist) tells the controller which checks it runs in its own, and they must be these."""
+        try:
+            self._prepare(session)
+        except pytest.UsageError as exc:
+            if not hasattr(self.config, "workerinput"):
+                raise
+            # A fleet's box that cannot be checked (unreachable, its lock held): one error for that box, said on the
+            # terminal the workers share and sent to the controller; its worker runs nothing, the other boxes go on.
+            self.unusable = str(exc)
+            self.say(f"ERROR: this box could not be checked: {exc}")
+            session.config.hook.pytest_deselected(items=list(session.items))
+            session.items[:] = []
+
+    def _prepare(self, session: pytest.Session) -> None:
         config = session.config
         if config.option.sg_list_checks or config.option.collectonly or not any(layer(i) for i in session.items):
             return
@@ -537,7 +551,8 @@ class RunSession:
                 reporter.write_line(f"sparkgate: all {len(self.outcomes)} selected checks were skipped: nothing ran "
                                     "(exit status 5; read the skip reasons)")
         if (output := getattr(self.config, "workeroutput", None)) is not None:  # a fleet's worker: to the controller
-            output[OUTPUT_KEY] = (int(session.exitstatus), self.results.data.model_dump_json(), self.environment)
+            status = pytest.ExitCode.USAGE_ERROR if self.unusable else session.exitstatus
+            output[OUTPUT_KEY] = (int(status), self.results.data.model_dump_json(), self.environment, self.unusable)
 
     # ---- signals ------------------------------------------------------------------------------------------
 
