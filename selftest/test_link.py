@@ -71,6 +71,23 @@ def test_two_nodes_joined_at_jumbo_mtu_pass_both_link_checks(nodes, tmp_path):
         assert run.ret == 0 and outcomes(run) == {"passed": 2}, (name, run.stdout.str()[-3000:])
 
 
+def test_both_nodes_are_checked_in_one_fleet_run_each_toward_its_own_peer(nodes, tmp_path):
+    """One command, a pytest-xdist worker per node, each given its own peer (--link-peer BOX=ADDR): both link checks
+    MUST pass on both nodes, and spark02's end at 1500 bytes MUST fail HOST-LINK-MTU on both, each named."""
+    config = tmp_path / "ssh_config"
+    config.write_text("".join(h.ssh_config.read_text() for h in nodes.values()))
+    test = node_id(__name__, "test_both_nodes_are_checked_in_one_fleet_run_each_toward_its_own_peer")
+    args = ["-m", "host", "-k", "link", "--host=spark01", "--host=spark02", f"--ssh-config={config}",
+            "--link-interface=eth1", *(f"--link-peer={name}={peer}" for name, peer in PEER.items())]
+    good = run_suites_at_once({"good": (test, args)}, tmp_path)["good"]
+    assert good.ret == 0 and outcomes(good) == {"passed": 4}, good.stdout.str()[-3000:]
+    with changed(nodes["spark02"], [("link", "set", "eth1", "mtu", "1500")], [("link", "set", "eth1", "mtu", "9000")]):
+        short = run_suites_at_once({"short": (test, args)}, tmp_path)["short"]
+    failed_ids = sorted(line.split(" - ")[0] for line in short.outlines if line.startswith("FAILED "))
+    assert failed_ids == [f"FAILED tests/host/test_link.py::test_every_link_carries_jumbo_frames_end_to_end@{name}"
+                          for name in ("spark01", "spark02")], short.stdout.str()[-3000:]
+
+
 def test_one_end_left_at_1500_fails_the_jumbo_frame_check_on_both_nodes_each_naming_its_end(nodes, tmp_path):
     """spark02's end at 1500 bytes: HOST-LINK-MTU MUST fail on spark02 naming its interface's MTU, and on spark01
     naming the 8972-byte pings that went unanswered; the route check MUST stay green."""

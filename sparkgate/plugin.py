@@ -51,11 +51,19 @@ def _seconds(text: str) -> int:
     return int(text)
 
 
-def _address(text: str) -> str:
+def _address(text: str) -> tuple[str | None, str]:
+    box, _, address = text.rpartition("=")  # BOX=ADDR: for that box of a fleet only
     try:
-        return link.peer_address(text)
+        return box or None, link.peer_address(address)
     except ValueError as exc:  # not an address, or not one of another box
         raise argparse.ArgumentTypeError(f"{exc} (the other node's address on the link)") from None
+
+
+def _peers_of(box: str, hosts: list[str], given: list[tuple[str | None, str]] | None) -> list[str] | None:
+    """The --link-peer addresses for `box`: those given bare, and those given as BOX=ADDR for it."""
+    if unknown := sorted({b for b, _ in given or [] if b is not None and b not in hosts}):
+        raise pytest.UsageError(f"--link-peer {', '.join(unknown)}=...: not a box of this run ({', '.join(hosts)})")
+    return [address for b, address in given or [] if b in (None, box)] or None
 
 
 def _interface(text: str) -> str:
@@ -133,9 +141,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="how long PERF-SUSTAINED (--level extended) keeps --max-num-seqs streams full; a longer run "
                          "shows the clocks and heat of a soak that a minute does not (default: %(default)s)")
     group.addoption("--link-peer", dest="sg_link_peers", action="append", type=_address, default=None,
-                    metavar="ADDR", help="the other node's address on the fast link of a two-node setup (its "
-                         "ConnectX-7 interface), repeatable for each link; the HOST-LINK checks ping it from --host "
-                         "(default: none, a box on its own)")
+                    metavar="[BOX=]ADDR", help="the other node's address on the fast link of a two-node setup (its "
+                         "ConnectX-7 interface), repeatable for each link; the HOST-LINK checks ping it from --host. "
+                         "BOX=ADDR: for that box only, so both nodes are checked in one run (--host=a --host=b "
+                         "--link-peer=a=ADDR_OF_B --link-peer=b=ADDR_OF_A) (default: none, a box on its own)")
     group.addoption("--link-interface", dest="sg_link_interfaces", action="append", type=_interface, default=None,
                     metavar="DEV", help="a link interface of --host, repeatable (default: the interfaces backed by an "
                                         "RDMA device, as a DGX Spark's ConnectX-7 ports are)")
@@ -186,6 +195,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.option.sg_host = worker.get(WORKER_KEY, hosts[0]) if worker else hosts[0]
     if worker and WORKER_KEY in worker:  # one box of a fleet, in a worker of its own
         worker_options(config, config.option.sg_host)
+    config.option.sg_link_peers = _peers_of(config.option.sg_host, hosts, config.option.sg_link_peers)
     reporting = Reporting(config)
     config.stash[RUN] = reporting.run = RunSession(config, reporting.say)
     config.pluginmanager.register(reporting, "sparkgate-reporting")
