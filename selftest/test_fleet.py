@@ -4,6 +4,7 @@ by `sparkgate fleet`, which names the box that differs and what differs."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -111,13 +112,15 @@ def test_the_fleet_report_has_a_host_column_and_a_section_per_box(fleet_run):
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm-to-the-controller"])
 def test_ctrl_c_during_a_fleet_run_puts_every_box_back(boxes, tmp_path, how):
     """Ctrl-C (SIGINT to the terminal's process group), or SIGTERM to the controller alone (CI's cancel), while both
-    boxes' runs hold their locks mid-check: the run MUST stop with exit 2, each box's run lock MUST be free with no
-    holder record or journal left, no lock holder of this machine may outlive it, and the progress lines MUST name
-    their box."""
+    boxes' runs hold their locks mid-check: each box's teardown MUST run to its end, however long (16 s here, past
+    the 15 s after which a pytest-xdist worker told to exit kills itself), the run MUST stop with exit 2, each box's
+    run lock MUST be free with no holder record left, no lock holder of this machine may outlive it, and the
+    progress lines MUST name their box."""
     hosts, ssh_config = boxes
     held = tmp_path / "held"
     held.mkdir()
-    env = {**os.environ, "SG_HELD_DIR": str(held), "HOME": str(tmp_path), "PY_COLORS": "0",
+    env = {**os.environ, "SG_HELD_DIR": str(held), "SG_TEARDOWN_S": "16" if how == "ctrl-c" else "0",
+           "HOME": str(tmp_path), "PY_COLORS": "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     run = subprocess.Popen([sys.executable, "-m", "pytest", TESTS, *SUITE_PLUGINS, "-p", "selftest.hold_check", "-m",
                             "host", "--host=spark01", "--host=spark02", f"--ssh-config={ssh_config}"],
@@ -137,8 +140,11 @@ def test_ctrl_c_during_a_fleet_run_puts_every_box_back(boxes, tmp_path, how):
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 2, out[-3000:]
+    assert sorted(p.name for p in held.iterdir()) == ["spark01", "spark01.put-back", "spark02", "spark02.put-back"], \
+        out[-3000:]
     assert "[sparkgate spark01] holding the driver check" in out and "[sparkgate spark02] holding" in out, out[-3000:]
-    assert "interrupted: waiting for each box's run to put its box back" in out, out[-3000:]
+    signame = "SIGINT" if how == "ctrl-c" else "SIGTERM"
+    assert f"[sparkgate] {signame} received: waiting for each box's run to put its box back" in out, out[-3000:]
     for name in ("spark01", "spark02"):
         left = hosts[name].run(f"ls -A {LOCK_DIR}; flock -n {LOCK_DIR} echo free")
         assert left.stdout.split() == ["free"], (name, left.stdout, out[-3000:])
@@ -162,21 +168,49 @@ def test_a_box_that_cannot_be_reached_is_one_error_and_the_other_boxes_are_check
     assert "[sparkgate sg-nowhere.invalid] ERROR: this box could not be checked" in run.stderr, run.stderr[-3000:]
 
 
+def test_a_redacted_fleet_names_its_boxes_box1_box2_everywhere(boxes, tmp_path):
+    """--redact: the boxes MUST be box1, box2 in the terminal, the test ids, the summary and the results files' names,
+    and their hostnames MUST appear in none of these."""
+    _, ssh_config = boxes
+    test = node_id(__name__, "test_a_redacted_fleet_names_its_boxes_box1_box2_everywhere")
+    run = run_suites_at_once({"redacted": (test, [
+        "-m", "host", "-k", "driver_is", "--host=spark01", "--host=spark02", f"--ssh-config={ssh_config}", "--redact",
+        f"--results-json={tmp_path / 'run.json'}", f"--summary-md={tmp_path / 'fleet.md'}"])}, tmp_path)["redacted"]
+    out, md = run.stdout.str(), (tmp_path / "fleet.md").read_text()
+    assert run.ret == 1 and "sparkgate fleet: box1 (gw0), box2 (gw1)" in out, out[-3000:]
+    assert "test_the_driver_is_at_least_the_profiles_minimum@box2" in out, out[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("run.*.json")) == ["run.box1.json", "run.box2.json"]
+    written = out + md + "".join(p.read_text() for p in tmp_path.glob("run.*.json"))
+    assert "spark01" not in written and "spark02" not in written, [line for line in written.splitlines()
+                                                                   if "spark0" in line][:5]
+
+
+def test_listing_the_checks_of_a_fleet_starts_no_worker(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "pytest", TESTS, *SUITE_PLUGINS, "--host=spark01", "--host=spark02",
+                          "--list-checks=-"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "| `HOST-DRIVER-MIN` |" in run.stdout, run.stdout[-1500:] + run.stderr[-1500:]
+    assert "workers" not in run.stdout, run.stdout[-1500:]
+
+
 def test_an_inventory_names_boxes_and_refuses_what_it_would_misread(tmp_path):
+    """Groups, groups of groups and comments MUST be skipped; a variable (a host's or a group's), a range, a name no
+    ssh could take, a box named twice, `local` among boxes and an empty inventory MUST each be one error naming it."""
     inventory = tmp_path / "inventory"
-    inventory.write_text("[sparks]\nspark01  # rack 2\n\n; old\nssh://ops@spark02:2222\n")
+    inventory.write_text("[sparks]\nspark01  # rack 2\n\n; old\nssh://ops@spark02:2222\n[lab:children]\nsparks\n")
     assert fleet_hosts(["spark09"], str(inventory)) == ["spark09", "spark01", "ssh://ops@spark02:2222"]
     assert per_host("out/run.json", "ssh://ops@spark02:2222") == "out/run.ops_spark02_2222.json"
-    inventory.write_text("[sparks]\nspark01 ansible_host=10.0.0.7\n")
-    with pytest.raises(ValueError, match=r"line 2: 'spark01 ansible_host=10.0.0.7' says more than a box"):
-        fleet_hosts(None, str(inventory))
-    with pytest.raises(ValueError, match="spark01 named twice"):
-        fleet_hosts(["spark01", "spark01"], None)
-    with pytest.raises(ValueError, match="local in a fleet"):
-        fleet_hosts(["local", "spark01"], None)
-    inventory.write_text("# nothing\n[sparks]\n")
-    with pytest.raises(ValueError, match="names no box"):
-        fleet_hosts(None, str(inventory))
+    for text, said in (("[sparks]\nspark01 ansible_host=10.0.0.7\n", "line 2: 'spark01 ansible_host=10.0.0.7' says "
+                                                                       "more than a box"),
+                       ("[sparks:vars]\nansible_user=ops\n", "line 2: 'ansible_user=ops' says more than a box"),
+                       ("spark[01:03]\n", "line 1: 'spark[01:03]' is a range"),
+                       ("# nothing\n[sparks]\n", "names no box")):
+        inventory.write_text(text)
+        with pytest.raises(ValueError, match=re.escape(said)):
+            fleet_hosts(None, str(inventory))
+    for given, said in ((["spark01", "spark01"], "spark01 named twice"), (["local", "spark01"], "local in a fleet"),
+                        (["spark01", "spark02\x1b[2J"], "'spark02?[2J' is not a box to reach")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            fleet_hosts(given, None)
     assert fleet_hosts(None, None) == ["local"]
 
 

@@ -11,6 +11,7 @@ on every field they all recorded; 1: they differ; 2: a file could not be read, o
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,23 +134,34 @@ def report(boxes: dict[str, Results], differ: list[Difference], agree: list[str]
 
 # ---- one run over several boxes (`--host` repeated, `--inventory`): one pytest-xdist worker per box ----------------
 
+TARGET = re.compile(r"([a-z][a-z0-9+]*://)?[A-Za-z0-9._@:%/\[\]-]+", re.ASCII)  # an ssh name or a testinfra URL
+RANGE = re.compile(r"\[[^]]*:[^]]*\]")  # Ansible's spark[01:03]
+
+
 def read_inventory(path: str) -> list[str]:
-    """The boxes an inventory file names: one target per line (an ssh name, ssh://user@host:port, or local), as an
-    Ansible INI inventory lists its hosts; `[group]` headers, blank lines and `#`/`;` comments are skipped. A line
-    that says more than a target (Ansible's host variables) is an error naming the line: sparkgate reaches a box by
-    its ssh config, and a variable it does not read would silently point the run elsewhere."""
+    """The boxes an inventory file names: one target per line (an ssh name, or ssh://user@host:port), as an Ansible
+    INI inventory lists its hosts. `[group]` headers, the group names of `[group:children]`, blank lines and `#`/`;`
+    comments are skipped. What sparkgate would misread is an error naming its line: a host or group variable
+    (`ansible_user=ops`: sparkgate reaches a box by its ssh config, and a variable it ignored would point the run at
+    another user or machine), a range (`spark[01:03]`), or more than one word."""
     try:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"--inventory {path}: cannot be read: {exc}") from None
-    hosts = []
+    hosts, section = [], ""
     for n, line in enumerate(text.splitlines(), 1):
         words = line.split("#")[0].split(";")[0].split()
-        if not words or (len(words) == 1 and words[0].startswith("[") and words[0].endswith("]")):
+        where = f"--inventory {path}, line {n}: {printable(line.strip(), 120)!r}"
+        if len(words) == 1 and words[0].startswith("[") and words[0].endswith("]"):
+            section = words[0][1:-1]
             continue
-        if len(words) > 1:
-            raise ValueError(f"--inventory {path}, line {n}: {printable(line.strip(), 120)!r} says more than a box: "
-                             "one target per line; put the user, port and address in your ssh config (Host NAME)")
+        if not words or section.endswith(":children"):
+            continue
+        if len(words) > 1 or "=" in words[0]:
+            raise ValueError(f"{where} says more than a box (variables are not read): one target per line; put the "
+                             "user, port and address in your ssh config (Host NAME)")
+        if RANGE.search(words[0]):
+            raise ValueError(f"{where} is a range, which sparkgate does not expand: one box per line")
         hosts.append(words[0])
     if not hosts:
         raise ValueError(f"--inventory {path}: names no box (one ssh name or ssh://user@host:port per line)")
@@ -159,6 +171,9 @@ def read_inventory(path: str) -> list[str]:
 def fleet_hosts(given: list[str] | None, inventory: str | None) -> list[str]:
     """Every box of the run, in order: --host (repeatable) then --inventory's; local when none is named."""
     hosts = [*(given or []), *(read_inventory(inventory) if inventory else [])] or ["local"]
+    if odd := [h for h in hosts if not TARGET.fullmatch(h)]:
+        raise ValueError(f"{printable(odd[0], 120)!r} is not a box to reach: an ssh name from your ssh config, "
+                         "ssh://user@host:port, or local")
     twice = [h for h, n in Counter(hosts).items() if n > 1]
     if twice:
         raise ValueError(f"{', '.join(twice)} named twice: one run per box (the box's run lock allows no other)")

@@ -1,6 +1,6 @@
 """A fleet in one run (`--host` repeated, or `--inventory`): pytest-xdist runs one worker per box, each a whole
-sparkgate run of its own (its box's lock, journal, recipes, teardown and results file), so one box's failure or
-Ctrl-C never reaches another's. This is the controller's side: it starts the workers, runs no check and touches no
+sparkgate run of its own (its box's lock, journal, recipes, teardown and results file), so one box's failure
+never stops another's. This is the controller's side: it starts the workers, runs no check and touches no
 box, and merges what they report: one HTML report with a host column, one Markdown summary, the fleet's agreement."""
 
 from __future__ import annotations
@@ -20,15 +20,18 @@ from .report import answer_rows, summary_html, summary_markdown
 from .results import Results
 
 WORKER_KEY = "sparkgate_host"  # the box a worker checks, in its workerinput
+LABEL_KEY = "sparkgate_label"  # its name in what the run prints and writes: the box's, or box1.. with --redact
+EXIT_PRIORITY = (1, 3, 4, 2, 5)  # a fleet's exit status: a failure first, then an internal error, a box not checked,
+# an interrupted box, a box that ran nothing
 OUTPUT_KEY = "sparkgate_results"  # what the worker measured, in its workeroutput
 
 
-def worker_options(config: pytest.Config, host: str) -> None:
-    """A worker's run writes its own results file beside the others (`run.json` -> `run.HOST.json`); the
+def worker_options(config: pytest.Config, label: str) -> None:
+    """A worker's run writes its own results file beside the others (`run.json` -> `run.BOX.json`); the
     controller writes the one Markdown summary."""
     opt = config.option
     if opt.sg_results_json:
-        opt.sg_results_json = fleet.per_host(opt.sg_results_json, host)
+        opt.sg_results_json = fleet.per_host(opt.sg_results_json, label)
     opt.sg_summary_md = None
 
 
@@ -45,6 +48,9 @@ class FleetRun:
             raise pytest.UsageError("--base-url tests one running server: name one --host with it")
         opt.dist, opt.tx, opt.maxworkerrestart = "each", ["popen"] * len(hosts), "0"  # a dead worker's box: not rerun
         self.config, self.hosts = config, hosts
+        # --redact: the boxes are box1, box2, ... in everything the run writes, as each box's own run masks its name.
+        self.labels = [f"box{i + 1}" for i in range(len(hosts))] if opt.sg_redact else list(hosts)
+        self.saved_handlers: dict[int, Any] = {}
         self.results_json, self.summary_md = opt.sg_results_json, opt.sg_summary_md
         opt.sg_results_json = opt.sg_summary_md = None  # the controller measures nothing: the workers write them
         self.results: dict[str, Results] = {}
@@ -59,10 +65,11 @@ class FleetRun:
     # ---- the workers ------------------------------------------------------------------------------------------
 
     def pytest_configure_node(self, node: Any) -> None:
-        node.workerinput[WORKER_KEY] = self.hosts[int(node.gateway.id.removeprefix("gw"))]
+        i = int(node.gateway.id.removeprefix("gw"))
+        node.workerinput[WORKER_KEY], node.workerinput[LABEL_KEY] = self.hosts[i], self.labels[i]
 
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
-        host = node.workerinput[WORKER_KEY]
+        host = node.workerinput[LABEL_KEY]
         status, said, environment, unusable = getattr(node, "workeroutput", {}).get(OUTPUT_KEY, (None,) * 4)
         if status is not None:
             self.status[host] = status
@@ -70,32 +77,36 @@ class FleetRun:
             self.down[host] = f"ERROR: {mask(unusable)}"
         elif said:
             self.results[host], self.environment[host] = Results.model_validate_json(said), environment
-        if error or not said:
-            self.down[host] = mask(str(error or "its run ended before it reached the box"))
+        if error and not unusable:  # xdist's word for how the worker ended: "keyboard-interrupt", or its crash
+            self.down[host] = mask(str(error))
 
     # ---- what a person reads ----------------------------------------------------------------------------------
 
     def pytest_report_header(self, config: pytest.Config) -> str:
-        return "sparkgate fleet: " + ", ".join(f"{h} (gw{i})" for i, h in enumerate(self.hosts))
+        return "sparkgate fleet: " + ", ".join(f"{h} (gw{i})" for i, h in enumerate(self.labels))
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.session = session
-        for s in TEARDOWN_SIGNALS:  # the boxes' runs are the workers: a signal to the controller alone reaches them
-            signal.signal(s, self._interrupt)
+        self.saved_handlers = {s: signal.signal(s, self._interrupt) for s in TEARDOWN_SIGNALS}
 
     def _interrupt(self, signum: int, frame: object) -> None:
-        """Each box's run stops the way a run stops on its own (its teardown puts the box back); the controller stops
-        taking reports, and waits for them (pytest_sessionfinish). A Ctrl-C typed reaches the workers too, and a second
-        signal is noted by them, not obeyed."""
-        first = not self.interrupted
-        self.interrupted = True
-        for gateway in self._gateways():
-            try:
-                os.kill(gateway._io.popen.pid, signal.SIGINT)
-            except (AttributeError, OSError):
-                pass  # gone already
-        if first:
-            raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+        """Each box's run stops the way a one-box run stops (its teardown puts its box back), and the controller goes
+        on taking their reports until every worker has ended (then xdist ends the run, exit 2). A Ctrl-C typed reaches
+        every worker by itself; SIGTERM (CI's cancel) and SIGHUP sent to the controller are passed on as Ctrl-C."""
+        if signum != signal.SIGINT:
+            for gateway in self._gateways():
+                try:
+                    os.kill(gateway._io.popen.pid, signal.SIGINT)
+                except (AttributeError, OSError):
+                    pass  # gone already
+        if not self.interrupted:
+            self.interrupted = True
+            os.write(2, f"\n[sparkgate] {signal.Signals(signum).name} received: waiting for each box's run to put "
+                        "its box back\n".encode())
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        for s, handler in self.saved_handlers.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
     def _gateways(self) -> list[Any]:
         dsession = self.config.pluginmanager.getplugin("dsession")
@@ -119,45 +130,48 @@ class FleetRun:
             report.location = (path, line, f"{domain}@{box}")
 
     def boxes(self) -> dict[str, Results]:
-        return {h: self.results[h] for h in self.hosts if h in self.results}
+        return {h: self.results[h] for h in self.labels if h in self.results}
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        """The fleet's agreement (a box that differs fails the run) and the one Markdown summary."""
+        """The fleet's agreement and exit status, and the one Markdown summary."""
         dsession = self.config.pluginmanager.getplugin("dsession")
-        if nodes := getattr(dsession, "nodemanager", None):  # xdist kills a worker 10 s after asking it to end: a box's
-            nodes.EXIT_TIMEOUT = None  # teardown (a container removed, production put back) may take longer
-            if self.interrupted:
-                self.config.pluginmanager.get_plugin("terminalreporter").write_line(
-                    "[sparkgate] interrupted: waiting for each box's run to put its box back")
+        if nodes := getattr(dsession, "nodemanager", None):  # every worker has ended its run by now; xdist would
+            nodes.EXIT_TIMEOUT = None  # kill one still exiting after 10 s, and nothing of a box's run may be cut
+        for h in self.labels:
+            if h not in self.status:
+                self.down.setdefault(h, "its worker ended without a word (killed, or it crashed)")
         boxes = self.boxes()
         if len(boxes) > 1:
             self.agreement = fleet.differences(boxes)
-        # What a box's run decided at its end (the gate; a box that could not be checked: 4), or boxes that differ.
-        statuses = set(self.status.values()) - {0}
-        if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED) and (
-                statuses or (self.agreement and self.agreement[0])):
-            session.exitstatus = 1 if 1 in statuses or not statuses else max(statuses)
+        # Beside the checks' own verdicts: what a box's run decided at its end (the baseline gate; 4: the box could not
+        # be checked), a box whose worker died (1), and boxes that differ (1).
+        codes = {c for c in self.status.values() if c} | {1 for h in self.labels if h not in self.status}
+        if self.agreement and self.agreement[0]:
+            codes.add(1)
+        if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED) and codes:
+            session.exitstatus = next((c for c in EXIT_PRIORITY if c in codes), max(codes))
         if self.summary_md:
             Path(self.summary_md).write_text(mask(self.markdown()))
 
     def agreement_text(self) -> str:
         if self.agreement is None:
-            return f"fleet agreement: not compared ({len(self.results)} of {len(self.hosts)} boxes reported)\n"
+            return f"fleet agreement: not compared ({len(self.results)} of {len(self.labels)} boxes reported)\n"
         return fleet.report(self.boxes(), *self.agreement)
 
     def overview(self) -> list[list[str]]:
         """Per box: passed, failed, could not run, and its results file (or why it has none)."""
         rows = []
-        for h in self.hosts:
+        for h in self.labels:
             seen = list(self.outcomes.get(h, {}).values())
             n = {k: str(seen.count(k)) for k in ("passed", "failed", "skipped")}
             where = fleet.per_host(self.results_json, h) if self.results_json else "none (--results-json)"
-            rows.append([h, n["passed"], n["failed"], n["skipped"], self.down.get(h, where)])
+            rows.append([h, n["passed"], n["failed"], n["skipped"], f"{self.down[h]} ({where})" if h in self.down
+                         else where])
         return rows
 
     def markdown(self) -> str:
-        lines = [f"# sparkgate fleet: {len(self.hosts)} boxes", "",
+        lines = [f"# sparkgate fleet: {len(self.labels)} boxes", "",
                  "| host | passed | failed | could not run | results |", "| --- | --- | --- | --- | --- |",
                  *("| " + " | ".join(md_text(c) for c in r) + " |" for r in self.overview()), "", "## Agreement", "",
                  *(f"- {md_text(line)}" for line in self.agreement_text().splitlines()), ""]
@@ -171,7 +185,7 @@ class FleetRun:
         head = "".join(f"<th>{c}</th>" for c in ("host", "passed", "failed", "could not run", "results"))
         body = "".join("<tr>" + "".join(f"<td>{html.escape(mask(c))}</td>" for c in r) + "</tr>"
                        for r in self.overview())
-        prefix.append(f'<h2>sparkgate fleet: {len(self.hosts)} boxes</h2><table class="sparkgate-table" '
+        prefix.append(f'<h2>sparkgate fleet: {len(self.labels)} boxes</h2><table class="sparkgate-table" '
                       f'id="sparkgate-fleet"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
                       f'<pre id="sparkgate-agreement">{html.escape(mask(self.agreement_text()))}</pre>')
         for h, r in self.boxes().items():
@@ -197,5 +211,5 @@ class FleetRun:
 def host_of(report: pytest.TestReport) -> str:
     """The box a worker's report is about (xdist sets `node` on the reports it receives)."""
     node = getattr(report, "node", None)
-    return getattr(node, "workerinput", {}).get(WORKER_KEY, "")
+    return getattr(node, "workerinput", {}).get(LABEL_KEY, "")
 

@@ -16,7 +16,7 @@ from . import link
 from .checks import Check
 from .compare import TOLERANCE_PCT
 from .fleet import fleet_hosts
-from .fleetrun import WORKER_KEY, FleetRun, worker_options
+from .fleetrun import LABEL_KEY, WORKER_KEY, FleetRun, worker_options
 from .gpuclocks import GpuClocks
 from .hostfacts import HostFacts
 from .kernellog import KernelLog
@@ -190,14 +190,16 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     worker = getattr(config, "workerinput", None)
-    if len(hosts) > 1 and worker is None:  # the controller of a fleet: it runs no check and touches no box
+    opt = config.option
+    if len(hosts) > 1 and worker is None and not (opt.sg_list_checks or opt.collectonly):
+        # the controller of a fleet: it runs no check and touches no box
         config.pluginmanager.register(FleetRun(config, hosts), "sparkgate-fleet")
-    config.option.sg_host = worker.get(WORKER_KEY, hosts[0]) if worker else hosts[0]
+    opt.sg_host = worker.get(WORKER_KEY, hosts[0]) if worker else hosts[0]
     if worker and WORKER_KEY in worker:  # one box of a fleet, in a worker of its own
-        worker_options(config, config.option.sg_host)
+        worker_options(config, worker[LABEL_KEY])
     config.option.sg_link_peers = _peers_of(config.option.sg_host, hosts, config.option.sg_link_peers)
     reporting = Reporting(config)
-    config.stash[RUN] = reporting.run = RunSession(config, reporting.say)
+    config.stash[RUN] = reporting.run = RunSession(config, reporting.say, reporting.write)
     config.pluginmanager.register(reporting, "sparkgate-reporting")
     config.pluginmanager.register(config.stash[RUN], "sparkgate-run")
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from .checks import Check
-from .fleetrun import WORKER_KEY
+from .fleetrun import LABEL_KEY
 from .redact import mask
 from .report import answer_rows, summary_html, summary_markdown
 from .results import CheckResult
@@ -28,21 +28,28 @@ class Reporting:
         self.run: RunSession | None = None  # set once the run exists (it needs `say` to be made)
         # In a fleet, each box's run is a pytest-xdist worker, whose terminal is not the operator's: its progress
         # goes to the stderr it shares with the controller, each line naming its box.
-        self.box: str | None = getattr(config, "workerinput", {}).get(WORKER_KEY)
+        self.box: str | None = getattr(config, "workerinput", {}).get(LABEL_KEY)
 
     def say(self, msg: str) -> None:
         """A progress line on the terminal, masked, around pytest's capture (which would hold it until the test
         ends: a model loads for minutes). A line that starts with two spaces is a detail, left out under -q."""
+        if self.config.option.verbose < 0 and msg.startswith("  "):
+            return
+        self.write(msg if self.box is not None else f"[sparkgate] {msg}")
+
+    def write(self, msg: str, sep: bool = False) -> None:
+        """A line on the terminal, masked (`sep`: as a red separator). A fleet's box writes to the stderr its worker
+        shares with the controller (its own terminal is no one's), each line naming its box."""
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         capman = self.config.pluginmanager.get_plugin("capturemanager")
-        if (reporter is None and self.box is None) or (self.config.option.verbose < 0 and msg.startswith("  ")):
-            return
         with capman.global_and_fixture_disabled() if capman is not None else nullcontext():
             if self.box is not None:
-                sys.stderr.write(f"[sparkgate {mask(self.box)}] {mask(msg)}\n")
+                sys.stderr.write(f"[sparkgate {self.box}] {mask(msg)}\n")
                 sys.stderr.flush()
-            else:
-                reporter.write_line(f"[sparkgate] {mask(msg)}")
+            elif reporter is not None and sep:
+                reporter.write_sep("=", mask(msg), red=True)
+            elif reporter is not None:
+                reporter.write_line(mask(msg))
 
     # ---- every report masked, with its check's ID --------------------------------------------------------
 
@@ -58,7 +65,7 @@ class Reporting:
         """What ran, at which level, layer by layer: a pass says what it covered."""
         if self.run is None or not self.run.outcomes:
             return
-        terminalreporter.write_line(self.ran())
+        self.write(self.ran())
 
     def ran(self) -> str:
         assert self.run is not None

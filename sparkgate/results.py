@@ -281,5 +281,9 @@ class ResultsFile:
         # Masked (secrets, --redact) string by string before it is serialised, written beside, then renamed: a crash
         # mid-write never leaves half a file.
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.write_text(json.dumps(mask_json(self.data.model_dump(mode="json")), indent=2), encoding="utf-8")
+        tmp.write_text(self.masked_json(), encoding="utf-8")
         os.replace(tmp, self.path)
+
+    def masked_json(self) -> str:
+        """The results as the file holds them: every string masked (secrets, --redact)."""
+        return json.dumps(mask_json(self.data.model_dump(mode="json")), indent=2)

@@ -20,7 +20,7 @@ import pytest
 from . import __version__, commit, gpuclocks, kernellog, redact
 from .checks import Check
 from .compare import ALPHA, compare_figure, key
-from .fleetrun import OUTPUT_KEY
+from .fleetrun import OUTPUT_KEY, WORKER_KEY
 from .hostfacts import HostFacts, gather, gpu_mib_of_container, matching_profile
 from .hostlock import OLD_JOURNAL, HostLock, Journal, JournalError, LockError
 from .launch import Server, StartError
@@ -53,8 +53,8 @@ def recipe_of(item: pytest.Item) -> str | None:
 class RunSession:
     """What one run knows and does: the recipes and the level, the host, what was chosen to run, what it found."""
 
-    def __init__(self, config: pytest.Config, say: Say) -> None:
-        self.config, self.say = config, say
+    def __init__(self, config: pytest.Config, say: Say, write: Callable[..., None]) -> None:
+        self.config, self.say, self.write = config, say, write  # write(line, sep=False): the terminal, masked
         opt = config.option
         self.target: str = opt.sg_host
         self.level: Level = LEVELS[opt.sg_level]
@@ -330,13 +330,14 @@ class RunSession:
         (pytest-xdist) tells the controller which checks it runs in its own, and they must be these."""
         try:
             self._prepare(session)
-        except pytest.UsageError as exc:
-            if not hasattr(self.config, "workerinput"):
+        except Exception as exc:
+            if WORKER_KEY not in getattr(self.config, "workerinput", {}):
                 raise
-            # A fleet's box that cannot be checked (unreachable, its lock held): one error for that box, said on the
-            # terminal the workers share and sent to the controller; its worker runs nothing, the other boxes go on.
-            self.unusable = str(exc)
-            self.say(f"ERROR: this box could not be checked: {exc}")
+            # A fleet's box that cannot be checked (unreachable, its lock held, ssh lost while reading it): one error
+            # for that box, said on the terminal the workers share and sent to the controller; its worker runs
+            # nothing, and the other boxes go on.
+            self.unusable = mask(str(exc) if isinstance(exc, pytest.UsageError) else f"{type(exc).__name__}: {exc}")
+            self.say(f"ERROR: this box could not be checked: {self.unusable}")
             session.config.hook.pytest_deselected(items=list(session.items))
             session.items[:] = []
 
@@ -376,14 +377,12 @@ class RunSession:
         self.environment.update(facts.summary())
         self.environment["sparkgate"] = f"{__version__} (commit {commit()})"
         self.environment["level"] = f"{self.level.name}: {self.level.summary}"
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if reporter:
-            for k, value in facts.summary().items():
-                reporter.write_line(mask(f"{k}: {value}"))
-            names = ", ".join(r.name for r in self.selected) or "none"
-            others = ", ".join(f"{r.name} ({r.profile})" for r in self.not_matching)
-            reporter.write_line(f"Recipes: {names}" + (f"; not for this host: {others}" if others else ""))
-            reporter.write_line(f"Level: {self.level.name} ({self.level.summary}; --level quick|standard|extended)")
+        for k, value in facts.summary().items():
+            self.write(f"{k}: {value}")
+        names = ", ".join(r.name for r in self.selected) or "none"
+        others = ", ".join(f"{r.name} ({r.profile})" for r in self.not_matching)
+        self.write(f"Recipes: {names}" + (f"; not for this host: {others}" if others else ""))
+        self.write(f"Level: {self.level.name} ({self.level.summary}; --level quick|standard|extended)")
 
     # ---- what is serving ----------------------------------------------------------------------------------
 
@@ -534,25 +533,23 @@ class RunSession:
         """A run in which every check was skipped ran nothing: it must not read as a pass to a gate script."""
         if self.outcomes:
             self.results.finish()
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if self.baseline is not None and self.outcomes and exitstatus in (pytest.ExitCode.OK,
                                                                            pytest.ExitCode.TESTS_FAILED):
             missing = self.missing_from_baseline()
             if missing:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
-                if reporter:
-                    reporter.write_sep("=", "sparkgate: the gate fails on what the candidate did not measure", red=True)
-                    for line in missing:
-                        reporter.write_line(mask(line))
+                self.write("sparkgate: the gate fails on what the candidate did not measure", sep=True)
+                for line in missing:
+                    self.write(line)
         ran = {o.outcome for o in self.outcomes}
         if exitstatus == pytest.ExitCode.OK and self.outcomes and not ran & {"passed", "failed"}:
             session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
-            if reporter:
-                reporter.write_line(f"sparkgate: all {len(self.outcomes)} selected checks were skipped: nothing ran "
-                                    "(exit status 5; read the skip reasons)")
+            self.write(f"sparkgate: all {len(self.outcomes)} selected checks were skipped: nothing ran (exit status 5; "
+                       "read the skip reasons)")
         if (output := getattr(self.config, "workeroutput", None)) is not None:  # a fleet's worker: to the controller
             status = pytest.ExitCode.USAGE_ERROR if self.unusable else session.exitstatus
-            output[OUTPUT_KEY] = (int(status), self.results.data.model_dump_json(), self.environment, self.unusable)
+            output[OUTPUT_KEY] = (int(status), self.results.masked_json(),
+                                  {k: mask(v) for k, v in self.environment.items()}, self.unusable)
 
     # ---- signals ------------------------------------------------------------------------------------------
 
