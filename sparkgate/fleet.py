@@ -135,7 +135,7 @@ def report(boxes: dict[str, Results], differ: list[Difference], agree: list[str]
 # ---- one run over several boxes (`--host` repeated, `--inventory`): one pytest-xdist worker per box ----------------
 
 TARGET = re.compile(r"([a-z][a-z0-9+]*://)?[A-Za-z0-9._@:%/\[\]-]+", re.ASCII)  # an ssh name or a testinfra URL
-RANGE = re.compile(r"\[[^]]*:[^]]*\]")  # Ansible's spark[01:03]
+RANGE = re.compile(r"\[[0-9A-Za-z]+:[0-9A-Za-z]+(:[0-9]+)?\]")  # Ansible's spark[01:03] (not an IPv6 [fd00::1])
 
 
 def read_inventory(path: str) -> list[str]:
@@ -160,6 +160,9 @@ def read_inventory(path: str) -> list[str]:
         if len(words) > 1 or "=" in words[0]:
             raise ValueError(f"{where} says more than a box (variables are not read): one target per line; put the "
                              "user, port and address in your ssh config (Host NAME)")
+        if words[0].endswith(":"):
+            raise ValueError(f"{where} reads as YAML: sparkgate reads an inventory in Ansible's INI form, one box per "
+                             "line")
         if RANGE.search(words[0]):
             raise ValueError(f"{where} is a range, which sparkgate does not expand: one box per line")
         hosts.append(words[0])

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from . import fleet
+from . import fleet, redact
 from .proc import TEARDOWN_SIGNALS
 from .redact import mask, md_text
 from .report import answer_rows, summary_html, summary_markdown
@@ -21,8 +21,8 @@ from .results import Results
 
 WORKER_KEY = "sparkgate_host"  # the box a worker checks, in its workerinput
 LABEL_KEY = "sparkgate_label"  # its name in what the run prints and writes: the box's, or box1.. with --redact
-EXIT_PRIORITY = (1, 3, 4, 2, 5)  # a fleet's exit status: a failure first, then an internal error, a box not checked,
-# an interrupted box, a box that ran nothing
+EXIT_PRIORITY = (1, 3, 4, 5)  # a fleet's exit status, where no check failed: a box that failed at its end (the
+# gate), then an internal error, a box not checked, a box that ran nothing (an interrupted run ends 2, as xdist ends it)
 OUTPUT_KEY = "sparkgate_results"  # what the worker measured, in its workeroutput
 
 
@@ -50,6 +50,8 @@ class FleetRun:
         self.config, self.hosts = config, hosts
         # --redact: the boxes are box1, box2, ... in everything the run writes, as each box's own run masks its name.
         self.labels = [f"box{i + 1}" for i in range(len(hosts))] if opt.sg_redact else list(hosts)
+        for host, label in zip(hosts, self.labels, strict=True):  # what a box's worker says before it knows its box
+            redact.MASKER.redact(host if opt.sg_redact else None, label)
         self.saved_handlers: dict[int, Any] = {}
         self.results_json, self.summary_md = opt.sg_results_json, opt.sg_summary_md
         opt.sg_results_json = opt.sg_summary_md = None  # the controller measures nothing: the workers write them
@@ -76,7 +78,10 @@ class FleetRun:
         if unusable:
             self.down[host] = f"ERROR: {mask(unusable)}"
         elif said:
-            self.results[host], self.environment[host] = Results.model_validate_json(said), environment
+            try:
+                self.results[host], self.environment[host] = Results.model_validate_json(said), environment
+            except ValueError as exc:  # pydantic's ValidationError is one: what a box sent is its results file's text
+                self.down[host] = f"its results could not be read: {mask(str(exc).splitlines()[0])}"
         if error and not unusable:  # xdist's word for how the worker ended: "keyboard-interrupt", or its crash
             self.down[host] = mask(str(error))
 
@@ -93,7 +98,7 @@ class FleetRun:
         """Each box's run stops the way a one-box run stops (its teardown puts its box back), and the controller goes
         on taking their reports until every worker has ended (then xdist ends the run, exit 2). A Ctrl-C typed reaches
         every worker by itself; SIGTERM (CI's cancel) and SIGHUP sent to the controller are passed on as Ctrl-C."""
-        if signum != signal.SIGINT:
+        if signum != signal.SIGINT or not _typed_at_the_terminal():
             for gateway in self._gateways():
                 try:
                     os.kill(gateway._io.popen.pid, signal.SIGINT)
@@ -101,8 +106,11 @@ class FleetRun:
                     pass  # gone already
         if not self.interrupted:
             self.interrupted = True
-            os.write(2, f"\n[sparkgate] {signal.Signals(signum).name} received: waiting for each box's run to put "
-                        "its box back\n".encode())
+            try:
+                os.write(2, f"\n[sparkgate] {signal.Signals(signum).name} received: waiting for each box's run to "
+                            "put its box back\n".encode())
+            except OSError:  # the terminal is gone (SIGHUP) or its pipe closed: the wait goes on without it
+                pass
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         for s, handler in self.saved_handlers.items():
@@ -121,6 +129,10 @@ class FleetRun:
         headline, `test_x@spark02`."""
         self.session.testscollected = sum(self.collected.values())  # xdist counts one box's: progress is the fleet's
         if box := host_of(report):
+            if report.when == "???" and self.status.get(box) == pytest.ExitCode.INTERRUPTED:
+                # xdist's "worker crashed while running" for the check the box's Ctrl-C cut short: not a failure
+                report.outcome, report.longrepr = "skipped", (report.location[0], report.location[1] or 0,
+                                                              "interrupted (Ctrl-C) before it finished")
             seen = self.outcomes.setdefault(box, {})
             if report.when == "call" or not report.passed:  # a check's outcome; a failure in any phase is its own
                 if seen.get(report.nodeid) != "failed":
@@ -149,7 +161,9 @@ class FleetRun:
         codes = {c for c in self.status.values() if c} | {1 for h in self.labels if h not in self.status}
         if self.agreement and self.agreement[0]:
             codes.add(1)
-        if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED) and codes:
+        if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED) and self.interrupted:
+            session.exitstatus = pytest.ExitCode.INTERRUPTED  # a signal that came before the workers' runs began
+        elif exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED) and codes:
             session.exitstatus = next((c for c in EXIT_PRIORITY if c in codes), max(codes))
         if self.summary_md:
             Path(self.summary_md).write_text(mask(self.markdown()))
@@ -206,6 +220,15 @@ class FleetRun:
                                              f"results: {row[4]}"))
         text = self.agreement_text()
         terminalreporter.write_line(mask(text.rstrip()), red=bool(self.agreement and self.agreement[0]))
+
+
+def _typed_at_the_terminal() -> bool:
+    """Whether a SIGINT came from the terminal, which sends it to every process of the run, workers included: the run
+    is its terminal's foreground job."""
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
 
 
 def host_of(report: pytest.TestReport) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from . import link
+from . import link, redact
 from .checks import Check
 from .compare import TOLERANCE_PCT
 from .fleet import fleet_hosts
@@ -197,6 +197,8 @@ def pytest_configure(config: pytest.Config) -> None:
     opt.sg_host = worker.get(WORKER_KEY, hosts[0]) if worker else hosts[0]
     if worker and WORKER_KEY in worker:  # one box of a fleet, in a worker of its own
         worker_options(config, worker[LABEL_KEY])
+        if opt.sg_redact:  # its name, even in what it says before it has read the box
+            redact.MASKER.redact(opt.sg_host, worker[LABEL_KEY])
     config.option.sg_link_peers = _peers_of(config.option.sg_host, hosts, config.option.sg_link_peers)
     reporting = Reporting(config)
     config.stash[RUN] = reporting.run = RunSession(config, reporting.say, reporting.write)

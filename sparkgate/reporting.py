@@ -35,9 +35,9 @@ class Reporting:
         ends: a model loads for minutes). A line that starts with two spaces is a detail, left out under -q."""
         if self.config.option.verbose < 0 and msg.startswith("  "):
             return
-        self.write(msg if self.box is not None else f"[sparkgate] {msg}")
+        self.write(msg, prefix="" if self.box is not None else "[sparkgate] ")
 
-    def write(self, msg: str, sep: bool = False) -> None:
+    def write(self, msg: str, sep: bool = False, prefix: str = "") -> None:
         """A line on the terminal, masked (`sep`: as a red separator). A fleet's box writes to the stderr its worker
         shares with the controller (its own terminal is no one's), each line naming its box."""
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -49,7 +49,7 @@ class Reporting:
             elif reporter is not None and sep:
                 reporter.write_sep("=", mask(msg), red=True)
             elif reporter is not None:
-                reporter.write_line(mask(msg))
+                reporter.write_line(prefix + mask(msg))
 
     # ---- every report masked, with its check's ID --------------------------------------------------------
 

@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from . import __version__, commit, gpuclocks, kernellog, redact
 from .checks import Check
 from .compare import ALPHA, compare_figure, key
-from .fleetrun import OUTPUT_KEY, WORKER_KEY
+from .fleetrun import LABEL_KEY, OUTPUT_KEY, WORKER_KEY
 from .hostfacts import HostFacts, gather, gpu_mib_of_container, matching_profile
 from .hostlock import OLD_JOURNAL, HostLock, Journal, JournalError, LockError
 from .launch import Server, StartError
@@ -97,6 +98,7 @@ class RunSession:
         self.serving_now: list[ExitStack] = []  # the servers this run started and has not removed yet
         self.started_any = False  # whether it started a server of its own (not --base-url, not in place)
         self.unusable: str | None = None  # a fleet's box: why it could not be checked at all
+        self.unusable_status = pytest.ExitCode.USAGE_ERROR  # INTERNAL_ERROR where the reason is not the box's
         self._saved_handlers: dict[int, Any] = {}
         # Secrets the run knows before it starts: they are masked in everything it writes.
         redact.secret(opt.sg_api_key)
@@ -336,7 +338,12 @@ class RunSession:
             # A fleet's box that cannot be checked (unreachable, its lock held, ssh lost while reading it): one error
             # for that box, said on the terminal the workers share and sent to the controller; its worker runs
             # nothing, and the other boxes go on.
-            self.unusable = mask(str(exc) if isinstance(exc, pytest.UsageError) else f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, pytest.UsageError):
+                self.unusable = mask(str(exc))
+            else:  # not the box's doing: sparkgate's, said with where it happened
+                where = traceback.extract_tb(exc.__traceback__)[-1]
+                self.unusable = mask(f"{type(exc).__name__}: {exc} ({Path(where.filename).name}:{where.lineno})")
+                self.unusable_status = pytest.ExitCode.INTERNAL_ERROR
             self.say(f"ERROR: this box could not be checked: {self.unusable}")
             session.config.hook.pytest_deselected(items=list(session.items))
             session.items[:] = []
@@ -547,7 +554,7 @@ class RunSession:
             self.write(f"sparkgate: all {len(self.outcomes)} selected checks were skipped: nothing ran (exit status 5; "
                        "read the skip reasons)")
         if (output := getattr(self.config, "workeroutput", None)) is not None:  # a fleet's worker: to the controller
-            status = pytest.ExitCode.USAGE_ERROR if self.unusable else session.exitstatus
+            status = self.unusable_status if self.unusable else session.exitstatus
             output[OUTPUT_KEY] = (int(status), self.results.masked_json(),
                                   {k: mask(v) for k, v in self.environment.items()}, self.unusable)
 
@@ -559,7 +566,9 @@ class RunSession:
         wind-down that follows runs to its end, and later signals are noted, not obeyed."""
         if threading.current_thread() is not threading.main_thread():
             return
-        note = noting(lambda msg: print(f"\n[sparkgate] {msg}", flush=True), "putting the box back")
+        box = getattr(self.config, "workerinput", {}).get(LABEL_KEY)
+        note = noting(lambda msg: print(f"\n[sparkgate] {msg}", flush=True) if box is None else
+                      _to_stderr(f"[sparkgate {box}] {msg}\n"), "putting the box back")
 
         def interrupt(signum: int, frame: object) -> None:
             if DEFERRED_SIGNALS:
@@ -578,6 +587,14 @@ class RunSession:
             return
         for s, handler in self._saved_handlers.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def _to_stderr(line: str) -> None:
+    """A line on stderr from a signal handler (os.write: print's buffer may be mid-write): best effort."""
+    try:
+        os.write(2, line.encode())
+    except OSError:
+        pass
 
 
 def redact_identities(facts: HostFacts) -> None:
