@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from . import fleet, redact
-from .proc import TEARDOWN_SIGNALS
+from .proc import TEARDOWN_SIGNALS, to_stderr
 from .redact import mask, md_text
-from .report import answer_rows, summary_html, summary_markdown
+from .report import answer_rows, html_table, summary_html, summary_markdown
 from .results import Results
 
 WORKER_KEY = "sparkgate_host"  # the box a worker checks, in its workerinput
@@ -26,10 +26,13 @@ EXIT_PRIORITY = (1, 3, 4, 5)  # a fleet's exit status, where no check failed: a 
 OUTPUT_KEY = "sparkgate_results"  # what the worker measured, in its workeroutput
 
 
-def worker_options(config: pytest.Config, label: str) -> None:
-    """A worker's run writes its own results file beside the others (`run.json` -> `run.BOX.json`); the
-    controller writes the one Markdown summary."""
-    opt = config.option
+def as_a_box_of_the_fleet(config: pytest.Config) -> None:
+    """A worker's run is its box's (workerinput), named by its label from the start under --redact, and writes its own
+    results file beside the others (`run.json` -> `run.BOX.json`); the controller writes the one Markdown summary."""
+    opt, box = config.option, config.workerinput  # type: ignore[attr-defined]
+    opt.sg_host, label = box[WORKER_KEY], box[LABEL_KEY]
+    if opt.sg_redact:
+        redact.MASKER.redact(opt.sg_host, label)
     if opt.sg_results_json:
         opt.sg_results_json = fleet.per_host(opt.sg_results_json, label)
     opt.sg_summary_md = None
@@ -50,8 +53,9 @@ class FleetRun:
         self.config, self.hosts = config, hosts
         # --redact: the boxes are box1, box2, ... in everything the run writes, as each box's own run masks its name.
         self.labels = [f"box{i + 1}" for i in range(len(hosts))] if opt.sg_redact else list(hosts)
-        for host, label in zip(hosts, self.labels, strict=True):  # what a box's worker says before it knows its box
-            redact.MASKER.redact(host if opt.sg_redact else None, label)
+        if opt.sg_redact:  # what a box's worker says before it knows its box
+            for host, label in zip(hosts, self.labels, strict=True):
+                redact.MASKER.redact(host, label)
         self.saved_handlers: dict[int, Any] = {}
         self.results_json, self.summary_md = opt.sg_results_json, opt.sg_summary_md
         opt.sg_results_json = opt.sg_summary_md = None  # the controller measures nothing: the workers write them
@@ -106,11 +110,8 @@ class FleetRun:
                     pass  # gone already
         if not self.interrupted:
             self.interrupted = True
-            try:
-                os.write(2, f"\n[sparkgate] {signal.Signals(signum).name} received: waiting for each box's run to "
-                            "put its box back\n".encode())
-            except OSError:  # the terminal is gone (SIGHUP) or its pipe closed: the wait goes on without it
-                pass
+            to_stderr(f"\n[sparkgate] {signal.Signals(signum).name} received: waiting for each box's run to put its "
+                      "box back\n")
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         for s, handler in self.saved_handlers.items():
@@ -196,17 +197,13 @@ class FleetRun:
 
     def pytest_html_results_summary(self, prefix: list[str], summary: list[str], postfix: list[str],
                                     session: pytest.Session) -> None:
-        head = "".join(f"<th>{c}</th>" for c in ("host", "passed", "failed", "could not run", "results"))
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(mask(c))}</td>" for c in r) + "</tr>"
-                       for r in self.overview())
-        prefix.append(f'<h2>sparkgate fleet: {len(self.labels)} boxes</h2><table class="sparkgate-table" '
-                      f'id="sparkgate-fleet"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-                      f'<pre id="sparkgate-agreement">{html.escape(mask(self.agreement_text()))}</pre>')
+        prefix.append(f"<h2>sparkgate fleet: {len(self.labels)} boxes</h2>"
+                      + html_table(["host", "passed", "failed", "could not run", "results"], self.overview(),
+                                   "sparkgate-fleet")
+                      + f'<pre id="sparkgate-agreement">{html.escape(mask(self.agreement_text()))}</pre>')
         for h, r in self.boxes().items():
             prefix.append(summary_html(r.checks, r.measurements, answer_rows(r.answers), title=h))
-            prefix.append('<table class="sparkgate-table">' + "".join(
-                f"<tr><th>{html.escape(mask(k))}</th><td>{html.escape(mask(v))}</td></tr>"
-                for k, v in self.environment[h].items()) + "</table>")
+            prefix.append(html_table(["environment", ""], [list(kv) for kv in self.environment[h].items()]))
 
     def pytest_html_results_table_header(self, cells: list[str]) -> None:
         cells.insert(1, "<th>Host</th>")

@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 import pytest
 
-from . import link, redact
+from . import link
 from .checks import Check
 from .compare import TOLERANCE_PCT
 from .fleet import fleet_hosts
-from .fleetrun import LABEL_KEY, WORKER_KEY, FleetRun, worker_options
+from .fleetrun import WORKER_KEY, FleetRun, as_a_box_of_the_fleet
 from .gpuclocks import GpuClocks
 from .hostfacts import HostFacts
 from .kernellog import KernelLog
@@ -194,11 +194,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if len(hosts) > 1 and worker is None and not (opt.sg_list_checks or opt.collectonly):
         # the controller of a fleet: it runs no check and touches no box
         config.pluginmanager.register(FleetRun(config, hosts), "sparkgate-fleet")
-    opt.sg_host = worker.get(WORKER_KEY, hosts[0]) if worker else hosts[0]
-    if worker and WORKER_KEY in worker:  # one box of a fleet, in a worker of its own
-        worker_options(config, worker[LABEL_KEY])
-        if opt.sg_redact:  # its name, even in what it says before it has read the box
-            redact.MASKER.redact(opt.sg_host, worker[LABEL_KEY])
+    opt.sg_host = hosts[0]
+    if WORKER_KEY in (worker or {}):  # one box of a fleet, in a worker of its own
+        as_a_box_of_the_fleet(config)
     config.option.sg_link_peers = _peers_of(config.option.sg_host, hosts, config.option.sg_link_peers)
     reporting = Reporting(config)
     config.stash[RUN] = reporting.run = RunSession(config, reporting.say, reporting.write)

@@ -15,6 +15,15 @@ from pathlib import Path
 TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+def to_stderr(line: str) -> None:
+    """A line on stderr from a signal handler (os.write: print's buffer may be mid-write), best effort: the terminal
+    may be gone (SIGHUP) or its pipe closed."""
+    try:
+        os.write(2, line.encode())
+    except OSError:
+        pass
+
+
 def cache_dir() -> Path:
     """Where converted weights, compiler caches and server logs live (SPARKGATE_CACHE to move it)."""
     path = Path(os.environ.get("SPARKGATE_CACHE") or Path.home() / ".cache" / "sparkgate")

@@ -199,10 +199,12 @@ def answer_rows(answers: list[Answer], baseline: list[Answer] | None = None) -> 
     return rows
 
 
-def _table(columns: list[str], rows: list[list[str]]) -> str:
+def html_table(columns: list[str], rows: list[list[str]], id_: str | None = None) -> str:
+    """A table of masked, escaped cells."""
     head = "".join(f"<th>{_esc(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f'<table class="sparkgate-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    ident = f' id="{id_}"' if id_ else ""
+    return f'<table class="sparkgate-table"{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 STYLE = """<style>
@@ -233,7 +235,7 @@ def summary_html(outcomes: list[CheckResult], measured: list[Measurement], answe
         parts.append("</ul>")
     if measured:
         parts.append('<h2 id="sparkgate-figures">Figures (per request unless named aggregate)</h2>')
-        parts.append(_table(FIGURE_COLUMNS, [_fmt(m) for m in measured]))
+        parts.append(html_table(FIGURE_COLUMNS, [_fmt(m) for m in measured]))
         images = plots(measured)
         if images:
             parts.append('<h2>Plots</h2><div class="sparkgate-plots">' + "".join(
@@ -241,12 +243,12 @@ def summary_html(outcomes: list[CheckResult], measured: list[Measurement], answe
                 for t, b in images.items()) + "</div>")
     if answers:
         parts.append('<h2 id="sparkgate-answers">Answers (quality probes, agent episodes)</h2>')
-        parts.append(_table(ANSWER_COLUMNS, [list(r) for r in answers]))
+        parts.append(html_table(ANSWER_COLUMNS, [list(r) for r in answers]))
     skips = skips_by_reason(outcomes)
     if skips:
         parts.append('<details id="sparkgate-skips"><summary><b>Could not run</b> '
                      f"({counts['skipped']} checks, {len(skips)} reasons)</summary>")
-        parts.append(_table(["reason", "checks"], [[r, ", ".join(dict.fromkeys(c))] for r, c in skips.items()]))
+        parts.append(html_table(["reason", "checks"], [[r, ", ".join(dict.fromkeys(c))] for r, c in skips.items()]))
         parts.append("</details>")
     parts.append("</div>")
     return "".join(parts)

@@ -31,7 +31,7 @@ from .launch.docker_engine import DockerEngine
 from .launch.docker_launcher import HostSide, undo
 from .levels import LEVELS, Level
 from .measure import Figure
-from .proc import DEFERRED_SIGNALS, TEARDOWN_SIGNALS, cache_dir, noting, shielded
+from .proc import DEFERRED_SIGNALS, TEARDOWN_SIGNALS, cache_dir, noting, shielded, to_stderr
 from .recipes import Profile, Recipe, RecipeError, load_profiles, load_recipes, override_images
 from .redact import mask
 from .results import CheckResult, Downtime, Measurement, Results, ResultsFile, Submitter, load
@@ -568,7 +568,7 @@ class RunSession:
             return
         box = getattr(self.config, "workerinput", {}).get(LABEL_KEY)
         note = noting(lambda msg: print(f"\n[sparkgate] {msg}", flush=True) if box is None else
-                      _to_stderr(f"[sparkgate {box}] {msg}\n"), "putting the box back")
+                      to_stderr(f"[sparkgate {box}] {msg}\n"), "putting the box back")
 
         def interrupt(signum: int, frame: object) -> None:
             if DEFERRED_SIGNALS:
@@ -587,14 +587,6 @@ class RunSession:
             return
         for s, handler in self._saved_handlers.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-
-
-def _to_stderr(line: str) -> None:
-    """A line on stderr from a signal handler (os.write: print's buffer may be mid-write): best effort."""
-    try:
-        os.write(2, line.encode())
-    except OSError:
-        pass
 
 
 def redact_identities(facts: HostFacts) -> None:
