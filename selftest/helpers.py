@@ -29,6 +29,10 @@ from .terminal import SUITE_PLUGINS
 # One cache for every suite the self-tests run (pytester gives each its own HOME, which would convert the
 # embedded weights and compile vLLM's graphs again in every run): the repository's, beside the test hosts'.
 os.environ.setdefault("SPARKGATE_CACHE", str(Path(__file__).resolve().parent.parent / ".cache"))
+# Hundreds of suite runs each import the project and rewrite its test modules' asserts: where the machine forbids
+# bytecode caches (PYTHONDONTWRITEBYTECODE), each run compiled all of it again. Cached in __pycache__ (git ignores it).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 def _import_httpx_fully() -> None:

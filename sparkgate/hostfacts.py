@@ -79,8 +79,10 @@ class HostFacts(BaseModel):
     boot_kernels: list[str] = []  # kernels GRUB can boot (/boot/vmlinuz-*), newest first
     next_kernel: str | None = None  # the one the next boot runs
     next_kernel_basis: str = ""  # how that was decided (GRUB_DEFAULT, saved_entry)
-    dpkg_problems: list[str] = []  # dpkg --audit and apt-get check findings; [] is clean
-    kernel_packages: list[str] = []  # linux-* and *nvidia* packages dpkg has installed, fully or half
+    # Read only for a run that selects HOST-DPKG (None: not read), because apt-get check alone costs seconds where
+    # apt keeps no package cache.
+    dpkg_problems: list[str] | None = None  # dpkg --audit and apt-get check findings; [] is clean
+    kernel_packages: list[str] | None = None  # linux-* and *nvidia* packages dpkg has installed, fully or half
     compute_apps: list[ComputeApp] = []
     model_processes: list[str] = []  # "pid args" of processes that look like model servers
     ps_error: str | None = None  # why the process list could not be read (model_processes then says nothing)
@@ -275,8 +277,9 @@ def model_processes(ps_output: str, exclude_pids: set[int] = frozenset()) -> lis
     return found
 
 
-def gather(host: Any, target: str) -> HostFacts:
-    """Read the facts of a testinfra host. Raises on a host that cannot run a command at all."""
+def gather(host: Any, target: str, packages: bool = True) -> HostFacts:
+    """Read the facts of a testinfra host (dpkg's and apt's state only with `packages`). Raises on a host that cannot
+    run a command at all."""
 
     def out(cmd: str) -> str:
         return host.check_output(cmd)
@@ -307,7 +310,8 @@ def gather(host: Any, target: str) -> HostFacts:
             facts["nvidia_smi_error"] = (res.stdout + res.stderr).strip() or f"exit status {res.rc}"
     facts.update(_secure_boot(host))
     facts.update(_kernels(host, facts["kernel"]))
-    facts.update(_packages(host))
+    if packages:
+        facts.update(_packages(host))
     ps = host.run("ps -eww -o pid=,args=")
     facts["model_processes"] = [mask(p) for p in model_processes(ps.stdout)]
     if ps.rc != 0 or not ps.stdout.strip():  # ps lists at least itself: nothing listed is nothing read

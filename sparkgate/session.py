@@ -77,6 +77,7 @@ class RunSession:
         self.not_matching: list[Recipe] = []
         self._host: Any = None
         self._facts: HostFacts | None = None
+        self.reads_packages = True  # whether the facts include dpkg's and apt's state (HOST-DPKG is selected)
         # What the run measured and found, kept as it goes (and written as it goes with --results-json).
         self.results = ResultsFile(Path(opt.sg_results_json) if opt.sg_results_json else None,
                                    Submitter(name=opt.sg_submitter, notes=opt.sg_notes), self.level.name,
@@ -144,7 +145,7 @@ class RunSession:
     def facts(self) -> HostFacts:
         if self._facts is None:
             try:
-                self._facts = gather(self.host, self.target)
+                self._facts = gather(self.host, self.target, packages=self.reads_packages)
             except Exception as exc:  # one clear error for an unreachable host, not one per test
                 raise pytest.UsageError(mask(f"cannot read host {self.target!r}: {type(exc).__name__}: {exc}")) \
                     from None
@@ -354,6 +355,8 @@ class RunSession:
             return
         self.teardown_on_every_signal()  # from here on the run may change the box: every signal tears down
         self.take_the_host()
+        self.reads_packages = any((m := i.get_closest_marker("check")) and m.args[0] == "HOST-DPKG"
+                                  for i in session.items)
         facts = self.facts
         wanted = {f for i in session.items for f in getattr(i, "fixturenames", ())}
         if "kernel_log_at_start" in wanted:

@@ -5,7 +5,6 @@ A recipe that runs as a process has no container: every container check skips wi
 
 from __future__ import annotations
 
-import docker.errors
 import pytest
 
 from sparkgate.launch import StartError
@@ -27,6 +26,8 @@ def live(check, recipe, request, docker_engine, target_name) -> LiveContainer:
     if found is None:
         check.cannot_run(f"no container named {name} on the docker engine of {target_name}",
                          "set container_name in the recipe to the running container's name")
+    import docker.errors  # here, not at the top: a run without a container check never pays for its import
+
     try:  # what the recipe's image reference points at now (the container may run an older build of it)
         found.tag_image_id = client.images.get(recipe.image).id
     except docker.errors.ImageNotFound:  # reported by CONT-IMAGE

@@ -1,7 +1,6 @@
 """The endpoint answers the OpenAI-compatible API the way clients rely on, and answers it sensibly."""
 
 import httpx
-import openai
 import pytest
 
 from sparkgate import sanity
@@ -117,6 +116,8 @@ def sdk_args(body):
 )
 def test_the_openai_client_gets_the_known_answers_streamed_and_not(check, server, endpoint):
     """The official openai client, retries off, MUST get the known answers, streamed and not."""
+    import openai  # here, not at the top: the SDK's import is most of a second, which a run without it never pays
+
     wrong = []
     with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key or "sparkgate", max_retries=0,
                        timeout=300, http_client=openai.DefaultHttpx2Client(limits=limits(1000))) as client:
