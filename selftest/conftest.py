@@ -23,17 +23,17 @@ def pytest_configure(config):
                                        "before the session's shared server (another model server here) starts")
 
 
-# Files that neither time anything nor start an engine: they run while the reasoning model builds (selftest/thinker.py,
-# minutes of a CPU-bound fine-tune that had the machine to itself), right after the clean_machine tests.
+# While the reasoning model builds (selftest/thinker.py: minutes of a CPU-bound fine-tune, niced), right after the
+# clean_machine tests: the files that time nothing against a floor speed decides, and start no engine.
 WHILE_THE_MODEL_BUILDS = {
     "test_host_layer.py", "test_fleet.py", "test_link.py", "test_recipes.py", "test_untrusted.py", "test_spark01.py",
     "test_linkparse.py", "test_hostfacts.py", "test_levels.py", "test_layout.py", "test_knownbad.py",
     "test_hfcache.py", "test_garbage_rates.py", "test_sanity.py", "test_proofs.py", "test_vllmlog.py",
     "test_kernellog.py", "test_gpuclocks.py"}
-# Then, still beside the build, the container layer: its engines start in containers, but no figure it measures is
-# held to a floor that speed decides, and its waits on ssh, docker and its servers leave the build CPU time. Last in
-# the window, so that the build (about 5 GiB) has had the most time to end before six drifted engines start at once.
-AFTER_THE_WINDOW = {"test_container_layer.py"}
+# Then, still beside the build, the container layer: its engines start in containers (one or two at a time, each
+# start held to a 300 s budget that 40 s meets alone) and its waits on ssh and docker leave the build CPU time. Its
+# six drifted engines, which start at once, wait for the build to end first (test_container_layer.drifted).
+LAST_IN_THE_WINDOW = {"test_container_layer.py"}
 NEEDS_THE_MODEL = "test_reasoning_model.py"
 
 
@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(items):
             return 0
         if item.path.name in WHILE_THE_MODEL_BUILDS:
             return 1
-        if item.path.name in AFTER_THE_WINDOW:
+        if item.path.name in LAST_IN_THE_WINDOW:
             return 2
         if item.path.name == NEEDS_THE_MODEL:
             return 3

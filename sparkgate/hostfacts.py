@@ -79,10 +79,11 @@ class HostFacts(BaseModel):
     boot_kernels: list[str] = []  # kernels GRUB can boot (/boot/vmlinuz-*), newest first
     next_kernel: str | None = None  # the one the next boot runs
     next_kernel_basis: str = ""  # how that was decided (GRUB_DEFAULT, saved_entry)
-    # Read only for a run that selects HOST-DPKG (None: not read), because apt-get check alone costs seconds where
-    # apt keeps no package cache.
-    dpkg_problems: list[str] | None = None  # dpkg --audit and apt-get check findings; [] is clean
-    kernel_packages: list[str] | None = None  # linux-* and *nvidia* packages dpkg has installed, fully or half
+    dpkg_problems: list[str] = []  # dpkg --audit and apt-get check findings; [] is clean (where packages_read)
+    kernel_packages: list[str] = []  # linux-* and *nvidia* packages dpkg has installed, fully or half
+    # Whether the two above were read: only for a run that selects HOST-DPKG, because apt-get check alone takes
+    # seconds where apt keeps no package cache. (A new field, not None in the lists: older readers ignore it.)
+    packages_read: bool = True
     compute_apps: list[ComputeApp] = []
     model_processes: list[str] = []  # "pid args" of processes that look like model servers
     ps_error: str | None = None  # why the process list could not be read (model_processes then says nothing)
@@ -310,6 +311,7 @@ def gather(host: Any, target: str, packages: bool = True) -> HostFacts:
             facts["nvidia_smi_error"] = (res.stdout + res.stderr).strip() or f"exit status {res.rc}"
     facts.update(_secure_boot(host))
     facts.update(_kernels(host, facts["kernel"]))
+    facts["packages_read"] = packages
     if packages:
         facts.update(_packages(host))
     ps = host.run("ps -eww -o pid=,args=")
