@@ -23,35 +23,29 @@ def pytest_configure(config):
                                        "before the session's shared server (another model server here) starts")
 
 
-# While the reasoning model builds (selftest/thinker.py: minutes of a CPU-bound fine-tune, niced), right after the
-# clean_machine tests: the files that time nothing against a floor speed decides, and start no engine.
+# Files that neither time anything nor start an engine: they run while the reasoning model builds (selftest/thinker.py,
+# minutes of a CPU-bound fine-tune that had the machine to itself), right after the clean_machine tests.
 WHILE_THE_MODEL_BUILDS = {
     "test_host_layer.py", "test_fleet.py", "test_link.py", "test_recipes.py", "test_untrusted.py", "test_spark01.py",
     "test_linkparse.py", "test_hostfacts.py", "test_levels.py", "test_layout.py", "test_knownbad.py",
     "test_hfcache.py", "test_garbage_rates.py", "test_sanity.py", "test_proofs.py", "test_vllmlog.py",
     "test_kernellog.py", "test_gpuclocks.py"}
-# Then, still beside the build, the container layer: its engines start in containers (one or two at a time, each
-# start held to a 300 s budget that 40 s meets alone) and its waits on ssh and docker leave the build CPU time. Its
-# six drifted engines, which start at once, wait for the build to end first (test_container_layer.drifted).
-LAST_IN_THE_WINDOW = {"test_container_layer.py"}
 NEEDS_THE_MODEL = "test_reasoning_model.py"
 
 
 def pytest_collection_modifyitems(items):
     """The clean_machine tests first; then, while the reasoning model builds, the files that share the machine with
-    it, the container layer last among them; then the reasoning model's tests; the tests that share
-    `embedded_server` last: once it serves, this machine (and the test host, which sees its processes) has another
-    model server on it, which HOST-NO-COMPETITOR and the launchers' pre-flight rightly count."""
+    it; then the reasoning model's tests; the tests that share `embedded_server` last: once it serves, this machine
+    (and the test host, which sees its processes) has another model server on it, which HOST-NO-COMPETITOR and
+    the launchers' pre-flight rightly count."""
     def order(item):
         if item.get_closest_marker("clean_machine"):
             return 0
         if item.path.name in WHILE_THE_MODEL_BUILDS:
             return 1
-        if item.path.name in LAST_IN_THE_WINDOW:
-            return 2
         if item.path.name == NEEDS_THE_MODEL:
-            return 3
-        return 5 if "embedded_server" in getattr(item, "fixturenames", ()) else 4
+            return 2
+        return 4 if "embedded_server" in getattr(item, "fixturenames", ()) else 3
 
     items.sort(key=order)  # stable: within each group, the files' own order
 

@@ -41,7 +41,6 @@ from .dockhost import (
     write_recipe,
 )
 from .helpers import ROOT, run_suite
-from .thinker import wait_for_background
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs root (network namespaces)")
 
@@ -307,10 +306,7 @@ def image_holding_a_known_bad_release(dock):
 
 @pytest.fixture(scope="class")
 def drifted(dock):
-    """The DRIFTS, each serving in its container of its own, for the class that reads them: key -> recipe data.
-    Six engines start at once against their startup budget: the reasoning model's build, which this module runs
-    beside (conftest.py), ends first, its CPU and its 5 GiB given back."""
-    wait_for_background()
+    """The DRIFTS, each serving in its container of its own, for the class that reads them: key -> recipe data."""
     with image_holding_a_known_bad_release(dock), own_containers(dock, DRIFTS) as data:
         yield data
 

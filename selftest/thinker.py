@@ -126,8 +126,8 @@ _background: tuple[subprocess.Popen, Path] | None = None  # the build started by
 
 def build_in_background() -> None:
     """Start the build in a process of its own, unless the model is built or building: it has the CPU for minutes,
-    and work that times nothing against a speed floor can share the machine with it (conftest.py says which).
-    build() waits for it; it dies with this process."""
+    and work that neither times anything nor starts an engine can share the machine with it. build() waits for it;
+    it dies with this process."""
     global _background
     if _background is None and not _built():
         log = _folder().with_name("smollm2-think.build.log")
@@ -144,13 +144,6 @@ def build_in_background() -> None:
 def _nice_child() -> None:
     die_with_parent()
     os.nice(10)
-
-
-def wait_for_background() -> None:
-    """Wait for a build started in the background to end, for work that needs the machine whole (whether it
-    succeeded is build()'s to say)."""
-    if _background is not None:
-        _background[0].wait()
 
 
 def stop_background() -> None:
