@@ -30,8 +30,10 @@ def installed(tmp_path_factory):
     [wheel] = (tmp / "wheels").glob("sparkgate-*.whl")
     venv.create(tmp / "venv", with_pip=True)
     bin_dir = tmp / "venv" / "bin"
-    subprocess.run([str(bin_dir / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)], check=True,
-                   capture_output=True)
+    # --no-compile: the dependencies' bytecode is written on first import instead (pip's compiling took a third of
+    # this install here: 50 s against 33 s, n=1); what gets installed is the same.
+    subprocess.run([str(bin_dir / "pip"), "install", "-q", "--disable-pip-version-check", "--no-compile", str(wheel)],
+                   check=True, capture_output=True)
     empty = tmp / "empty"
     empty.mkdir()
     return bin_dir, empty
