@@ -355,8 +355,7 @@ class RunSession:
             return
         self.teardown_on_every_signal()  # from here on the run may change the box: every signal tears down
         self.take_the_host()
-        self.reads_packages = any((m := i.get_closest_marker("check")) and m.args[0] == "HOST-DPKG"
-                                  for i in session.items)
+        self.reads_packages = any((c := Check.of(i)) and c.id == "HOST-DPKG" for i in session.items)
         facts = self.facts
         wanted = {f for i in session.items for f in getattr(i, "fixturenames", ())}
         if "kernel_log_at_start" in wanted:
