@@ -3,7 +3,8 @@
 # Idempotent: a second run with nothing changed returns at once.
 #   ./bootstrap.sh              the suite and the embedded default
 #   ./bootstrap.sh --selftest   also what the project's own tests need (apt, as root): chromium for the
-#                               report, debootstrap/iproute2/openssh for the test host spark01
+#                               report, debootstrap/iproute2/openssh for the test host spark01, libfaketime
+#                               for a test host whose clock is off
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -16,12 +17,13 @@ want=$( (cat pyproject.toml bootstrap.sh; echo "$extras") | sha256sum | cut -c1-
 if [[ "${1:-}" == "--selftest" ]]; then
   need=()
   for cmd in chromium debootstrap ip ssh; do command -v "$cmd" >/dev/null || need+=("$cmd"); done
+  compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || need+=(libfaketime)
   if ((${#need[@]})); then
     echo "bootstrap: installing Debian packages for: ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends chromium debootstrap iproute2 openssh-client \
-      openssl binutils gcc >/dev/null
+      openssl binutils gcc libfaketime >/dev/null
   fi
 fi
 

@@ -4,6 +4,7 @@ one way, exactly the check that guards against it fails, with its ID and remedy.
 spark01's GPU, driver and tools are stand-ins printing outputs recorded from real machines (selftest/testhost).
 """
 
+import glob
 import os
 import re
 import time
@@ -17,6 +18,12 @@ from .helpers import ROOT, broken_recipe, run_suite
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test host needs root (network namespaces)")
 NEXT = "6.17.0-1031-nvidia"  # a newer kernel an upgrade installed: GRUB boots it next
 DOCKER = "not docker_engine"  # spark01 runs no engine: HOST-DOCKER is red here, green in test_container_layer
+# The host's clock 95 s ahead of this machine's for every command its sshd runs: libfaketime (Debian's, installed by
+# bootstrap.sh --selftest) preloaded through sshd's SetEnv. The host shares this machine's kernel, so its real clock
+# cannot be set apart.
+FAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), "/usr/lib/faketime/libfaketime.so.1")
+CLOCK_AHEAD = (f'echo "SetEnv LD_PRELOAD={FAKETIME} FAKETIME=+95s FAKETIME_DONT_FAKE_MONOTONIC=1" '
+               '>> "$1/etc/ssh/sshd_config.d/sparkgate.conf"')
 SMALL_DISK = 'mkdir -p "$1/root/.cache" && mount -t tmpfs -o size=64m tmpfs "$1/root/.cache"'  # the model cache
 
 
@@ -114,6 +121,10 @@ VARIANTS = {
                           ["*found:    unsloth/Qwen3.8-27B-NVFP4: snapshots/*/model-00001-of-00002.safetensors "
                            "(1,572,9* bytes) hashes to *, not to its name *; Intel/Qwen3-Coder-Next-int4-AutoRound: "
                            "3 of 3 files, 0.00 GiB hashed*"]),
+    "clock-95-s-ahead": (HostSpec(binds=(os.path.dirname(FAKETIME),), setup_hook=CLOCK_AHEAD), "HOST-CLOCK",
+                         ["*found:    spark01's clock is 95.0 s ahead of this machine's (± 0.0* s, half the round "
+                          "trip); timedatectl on spark01 could not say whether it is synchronised*",
+                          "*sudo timedatectl set-ntp true*"]),
     "small-model-cache-disk": (HostSpec(setup_hook=SMALL_DISK), "HOST-DISK-FREE",
                                ["*expected: >= 41 GiB (qwen3-coder-next-int4)*", "*/root/.cache*",
                                 "SKIPPED*[[]HOST-WEIGHTS-WHOLE[]] could not run: none of the selected models is in the "
@@ -216,16 +227,17 @@ def outcomes_by_check(result):
 
 
 # A host with nothing of a Spark: another architecture than the profile's, no kernel in /boot, dpkg or /lib/modules,
-# no GPU, driver, loaded module or mokutil, no ps, 1 GiB of memory, a 64 MiB model cache, no docker engine.
+# no GPU, driver, loaded module or mokutil, no ps or date, 1 GiB of memory, a 64 MiB model cache, no docker engine.
 EMPTY = HostSpec(arch="x86_64", kernel_installed=False, fallback_kernels=[], driver_version=None, module_loaded=False,
                  secure_boot=None, mem_total_kb=1024**2, mem_available_kb=512 * 1024,
-                 setup_hook=f'{SMALL_DISK} && rm "$1/usr/bin/ps"')
-EVERY_X = {  # the checks over a set, and what each found none of
+                 setup_hook=f'{SMALL_DISK} && rm "$1/usr/bin/ps" "$1/usr/bin/date"')
+EVERY_X = {  # the checks over a set, and what each found none of; and the clock, with no date to read it
     "HOST-INITRAMFS": "no bootable kernel found in /boot (vmlinuz-*)",
     "HOST-BOOT-MODULE": "no bootable kernel found in /boot (vmlinuz-*)",
     "HOST-DPKG": "no linux or nvidia package found in dpkg's database*",
     "HOST-NO-COMPETITOR": "the host's processes could not be listed (ps -eww -o pid=,args=: *not found)",
     "HOST-WEIGHTS-WHOLE": "no selected recipe loads its weights from the Hugging Face cache (hf_cache: true)*",
+    "HOST-CLOCK": "spark01's clock could not be read: `date +%s.%N` on the box printed *not found* (exit 127)",
 }
 
 

@@ -2,9 +2,11 @@
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from sparkgate import wallclock
 from sparkgate.hostfacts import HostFacts, matching_profile, parse_gpu_csv, parse_meminfo, parse_os_release
 from sparkgate.recipes import load_profiles
 
@@ -68,3 +70,14 @@ def facts(arch, gpus="", module=None, smi=True):
 def test_a_host_matches_its_hardware_profile(host, profile):
     found = matching_profile(host, load_profiles())
     assert (found.name if found else None) == profile
+
+
+def test_the_box_clock_is_read_at_the_shortest_round_trip_and_judged_at_its_favourable_end():
+    """Of three readings, the one with the shortest round trip is kept; the clocks are judged apart only beyond it."""
+    said = iter(["1796584594.500000000", "1796584594.900000000", "1796584595.100000000"])
+    here = iter([1796584499.0, 1796584500.0, 1796584500.2, 1796584500.4, 1796584500.5, 1796584501.5])
+    reading = wallclock.offset(lambda _command: SimpleNamespace(stdout=next(said), stderr="", rc=0),
+                               clock=here.__next__)
+    assert (reading.seconds, reading.within) == (pytest.approx(94.6), pytest.approx(0.1))
+    assert reading.beyond(94.4) and not reading.beyond(94.5)
+    assert wallclock.describe(reading.seconds) == "94.6 s ahead of" and wallclock.describe(-0.0123) == "0.012 s behind"

@@ -11,13 +11,14 @@ import re
 import shlex
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from sparkgate import agent, link, redact
+from sparkgate import agent, link, redact, wallclock
 from sparkgate.guard import Recorder
 from sparkgate.launch.container_spec import SAVED_SUFFIX, docker_run
 from sparkgate.launch.docker_launcher import restore_commands
@@ -238,6 +239,21 @@ def test_what_the_box_says_of_its_link_is_read_or_refused_never_a_crash_and_prin
     summary = re.search(r"\d+ packets transmitted, \d+ (packets )?received", text, re.ASCII)
     assert ping.refused == (summary is None) and (ping.sent, ping.received) >= (0, 0)
     assert ping.error.isascii() and ping.error.isprintable()
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(st.text(max_size=30), st.from_regex(r"[0-9]{9,11}\.[0-9]{9}\n?", fullmatch=True)),
+       rc=st.integers(0, 255))
+def test_what_the_box_says_its_time_is_is_read_or_refused_never_a_crash_and_printed_inert(text, rc):
+    """`date +%s.%N` and timedatectl answer for the box: any text MUST give an offset only from a well-formed reading
+    that exited 0, else a refusal in printable words."""
+    said = SimpleNamespace(stdout=text, stderr=text[::-1], rc=rc)
+    reading = wallclock.offset(lambda _command: said, clock=iter([100.0, 100.5] * 3).__next__)
+    if rc == 0 and re.fullmatch(r"[0-9]{9,11}\.[0-9]{9}", text.strip()):
+        assert (reading.seconds, reading.within) == (pytest.approx(float(text) - 100.25), 0.25)
+    else:
+        assert reading.seconds is None and reading.error.isascii() and reading.error.isprintable()
+    assert wallclock.synchronized(lambda _command: said) in (True, False, None)
 
 
 CALL_WORDS = st.sampled_from(["get_capital", "get_temperature", "country", "city", "Paris", "<tool_call>", "{", "}"])
