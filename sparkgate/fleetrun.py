@@ -201,8 +201,8 @@ class FleetRun:
                       + html_table(["host", "passed", "failed", "could not run", "results"], self.overview(),
                                    "sparkgate-fleet")
                       + f'<pre id="sparkgate-agreement">{html.escape(mask(self.agreement_text()))}</pre>')
-        for h, r in self.boxes().items():
-            prefix.append(summary_html(r.checks, r.measurements, answer_rows(r.answers), title=h))
+        for i, (h, r) in enumerate(self.boxes().items(), 1):
+            prefix.append(summary_html(r.checks, r.measurements, answer_rows(r.answers), title=h, anchor=f"-box{i}"))
             prefix.append(html_table(["environment", ""], [list(kv) for kv in self.environment[h].items()]))
 
     def pytest_html_results_table_header(self, cells: list[str]) -> None:

@@ -208,6 +208,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """A box of a fleet (its own xdist worker): pytest-benchmark, which turns itself off under xdist with a warning at
+    the end of every fleet run, is off before it looks. PERF-FORCED still runs its rounds and judges them."""
+    if WORKER_KEY in getattr(config, "workerinput", {}):
+        config.option.benchmark_disable = True
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:  # layer markers come from the folder, before `-m` selects on them
         if name := layer(item):

@@ -216,15 +216,16 @@ padding:3px 6px;text-align:left}.sparkgate-table th{background:#eee}.sparkgate-c
 
 
 def summary_html(outcomes: list[CheckResult], measured: list[Measurement], answers: list[list[str]] = (),
-                 title: str = "sparkgate") -> str:
-    """The section that opens the report (in a fleet's, one per box: `title` is the box)."""
+                 title: str = "sparkgate", anchor: str = "") -> str:
+    """The section that opens the report (in a fleet's, one per box: `title` is the box, and `anchor` ends each of
+    the section's ids, which must be unique in the page)."""
     counts = {k: sum(1 for o in outcomes if o.outcome == k) for k in ("passed", "failed", "skipped")}
-    parts = [STYLE, '<div class="sparkgate-summary" id="sparkgate-summary">',
+    parts = [STYLE, f'<div class="sparkgate-summary" id="sparkgate-summary{anchor}">',
              f"<h2>{_esc(title)}: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} could not "
              "run</h2>"]
     grouped, alone = causes(outcomes)
     if grouped or alone:
-        parts.append('<h2 id="sparkgate-failures">Failures</h2><ul>')
+        parts.append(f'<h2 id="sparkgate-failures{anchor}">Failures</h2><ul>')
         for c in grouped:
             parts.append(f'<li class="sparkgate-cause"><b>One cause, diagnosed by {_esc(c.check)}</b>'
                          f"{' on ' + _esc(c.recipe) if c.recipe else ''}: {_esc(c.what)}; it also "
@@ -234,7 +235,7 @@ def summary_html(outcomes: list[CheckResult], measured: list[Measurement], answe
                          f"{_esc(first_line(o.message))}</li>")
         parts.append("</ul>")
     if measured:
-        parts.append('<h2 id="sparkgate-figures">Figures (per request unless named aggregate)</h2>')
+        parts.append(f'<h2 id="sparkgate-figures{anchor}">Figures (per request unless named aggregate)</h2>')
         parts.append(html_table(FIGURE_COLUMNS, [_fmt(m) for m in measured]))
         images = plots(measured)
         if images:
@@ -242,11 +243,11 @@ def summary_html(outcomes: list[CheckResult], measured: list[Measurement], answe
                 f'<img alt="{_esc(t)}" title="{_esc(t)}" src="data:image/png;base64,{b}">'
                 for t, b in images.items()) + "</div>")
     if answers:
-        parts.append('<h2 id="sparkgate-answers">Answers (quality probes, agent episodes)</h2>')
+        parts.append(f'<h2 id="sparkgate-answers{anchor}">Answers (quality probes, agent episodes)</h2>')
         parts.append(html_table(ANSWER_COLUMNS, [list(r) for r in answers]))
     skips = skips_by_reason(outcomes)
     if skips:
-        parts.append('<details id="sparkgate-skips"><summary><b>Could not run</b> '
+        parts.append(f'<details id="sparkgate-skips{anchor}"><summary><b>Could not run</b> '
                      f"({counts['skipped']} checks, {len(skips)} reasons)</summary>")
         parts.append(html_table(["reason", "checks"], [[r, ", ".join(dict.fromkeys(c))] for r, c in skips.items()]))
         parts.append("</details>")
