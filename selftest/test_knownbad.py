@@ -1,6 +1,9 @@
 """The known-bad list and the package list read against it: every entry sourced, names compared as pip compares them,
 and whatever an image prints read as untrusted."""
 
+import subprocess
+import sys
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -33,3 +36,20 @@ def test_a_package_listed_twice_is_read_as_the_copy_python_imports():
     """Distributions are listed in sys.path order and Python imports the first: a shadowed copy MUST NOT be the one
     recorded (or judged)."""
     assert knownbad.parse("PKG torch 2.10.0\nPKG torch 2.9.1\n") == {"torch": "2.10.0"}
+
+
+def test_the_system_nccl_dpkg_lists_is_a_shared_library_beside_the_wheels(tmp_path):
+    """The package list run for real (sh, dpkg-query and this Python) on a dpkg database that holds libnccl2, as NGC's
+    images install it: the system NCCL is read apart from the Python packages (so it can neither be on the known-bad
+    list nor stand in for a Python list that is missing), and both NCCLs are what `sparkgate fleet` compares."""
+    (tmp_path / "info").mkdir()
+    (tmp_path / "status").write_text("Package: libnccl2\nStatus: install ok installed\nArchitecture: arm64\n"
+                                     "Version: 2.28.3-1+cuda13.0\nMaintainer: cudatools <cudatools@nvidia.com>\n"
+                                     "Description: NVIDIA Collective Communication Library (NCCL) Runtime\n")
+    printed = subprocess.run(["sh", "-c", knownbad.PACKAGES_SCRIPT, "sparkgate-packages", sys.executable],
+                             env={"DPKG_ADMINDIR": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+    system, python = knownbad.parse(printed, "DEB"), knownbad.parse(printed)
+    assert system == {"libnccl2": "2.28.3-1+cuda13.0"} and "libnccl2" not in python and "pydantic" in python
+    both = knownbad.shared_libraries({**python, "nvidia-nccl-cu13": "2.28.3"} | system)
+    assert both["nccl"] == "nvidia-nccl-cu13 2.28.3, libnccl2 2.28.3-1+cuda13.0", both

@@ -16,9 +16,12 @@ LIST = Path(__file__).with_name("known_bad.yaml")
 LISTER_SUFFIX = ".sparkgate-packages"
 LISTER_TIMEOUT_S = 120  # Python's start and one pass over site-packages: seconds, even from a cold disk
 
-# Runs in the container (POSIX sh): the Python that runs the server ($1, the container's command: a python, or a
-# console script whose #! line names one; else python3), listing every distribution it can import as "PKG name version".
+# Runs in the container (POSIX sh): the system's NCCL as dpkg knows it, "DEB libnccl2 version" (NGC's images install
+# it from NVIDIA's apt repository, not as a wheel); then the Python that runs the server ($1, the container's command:
+# a python, or a console script whose #! line names one; else python3), listing every distribution it can import as
+# "PKG name version".
 PACKAGES_SCRIPT = r"""
+command -v dpkg-query >/dev/null 2>&1 && dpkg-query -W -f='DEB ${Package} ${Version}\n' libnccl2 2>/dev/null
 exe="$1"; py=""
 case "$exe" in
   */python*|python*) py="$exe" ;;
@@ -54,13 +57,14 @@ def normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def parse(output: str) -> dict[str, str]:
-    """PACKAGES_SCRIPT's output: normalized name -> version. A line that is not a plain name and version (anything in
-    an image can print anything) is left out."""
+def parse(output: str, kind: str = "PKG") -> dict[str, str]:
+    """PACKAGES_SCRIPT's output: normalized name -> version, of the Python distributions (kind PKG) or of the system
+    packages dpkg lists (DEB). A line that is not a plain name and version (anything in an image can print anything)
+    is left out."""
     found = {}
     for line in output.splitlines():
         cells = line.split()
-        if len(cells) == 3 and cells[0] == "PKG" and _NAME.match(cells[1]) and _VERSION.match(cells[2]):
+        if len(cells) == 3 and cells[0] == kind and _NAME.match(cells[1]) and _VERSION.match(cells[2]):
             found.setdefault(normalized(cells[1]), cells[2])  # the first on the path is the one Python imports
     return found
 
@@ -68,7 +72,7 @@ def parse(output: str) -> dict[str, str]:
 # The libraries the nodes of a fleet, or the two of a two-node recipe, must share: a collective between two builds
 # of NCCL, or kernels of two builds, may hang or disagree. fact name -> the distributions that carry it.
 SHARED_LIBRARIES = {
-    "nccl": ("nvidia-nccl-cu13", "nvidia-nccl-cu12"),
+    "nccl": ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "libnccl2"),
     "torch": ("torch",),
     "triton": ("triton",),
     "flashinfer": ("flashinfer-python",),
@@ -77,8 +81,9 @@ SHARED_LIBRARIES = {
 
 
 def shared_libraries(installed: dict[str, str]) -> dict[str, str]:
-    """SHARED_LIBRARIES found among `installed`: fact name -> 'distribution version', every one present (an image
-    may carry NCCL's wheels for two CUDA versions)."""
+    """SHARED_LIBRARIES found among `installed` (the Python distributions and the system packages read): fact name ->
+    'distribution version', every one present (an image may carry NCCL's wheels for two CUDA versions, or a wheel
+    and the system's)."""
     found = {fact: ", ".join(f"{d} {installed[d]}" for d in dists if d in installed)
              for fact, dists in SHARED_LIBRARIES.items()}
     return {fact: releases for fact, releases in found.items() if releases}

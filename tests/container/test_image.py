@@ -92,11 +92,12 @@ def test_the_image_holds_no_known_bad_release(check, live, docker_engine, record
     if status:  # a list cut short could leave out the one release that matters
         check.cannot_run(f"listing the server's Python packages in its image exited {status}: "
                          + (printable(said) or "nothing said"))
-    installed = knownbad.parse(out.decode(errors="replace"))
+    printed = out.decode(errors="replace")
+    installed = knownbad.parse(printed)
     if not installed:
         check.cannot_run("the server's Python packages could not be listed in its image ("
                          + ("no Python found" if b"NOPYTHON" in out else "none listed") + ")")
-    for fact, release in knownbad.shared_libraries(installed).items():
+    for fact, release in knownbad.shared_libraries(installed | knownbad.parse(printed, "DEB")).items():
         server_fact(fact, release)  # in the results file: what `sparkgate fleet` compares between boxes
     bad, n = knownbad.held(installed), len(knownbad.entries())
     record_property("packages", f"{len(installed)} read with {command}, against {n} known-bad entries")
