@@ -15,15 +15,15 @@ extras=cpu
 want=$( (cat pyproject.toml bootstrap.sh; echo "$extras") | sha256sum | cut -c1-16)
 
 if [[ "${1:-}" == "--selftest" ]]; then
-  need=()
+  need=() pkgs=()
   for cmd in chromium debootstrap ip ssh; do command -v "$cmd" >/dev/null || need+=("$cmd"); done
-  compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || need+=(libfaketime)
-  if ((${#need[@]})); then
+  ((${#need[@]})) && pkgs+=(chromium debootstrap iproute2 openssh-client openssl binutils gcc)
+  compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || { need+=(libfaketime); pkgs+=(libfaketime); }
+  if ((${#pkgs[@]})); then
     echo "bootstrap: installing Debian packages for: ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends chromium debootstrap iproute2 openssh-client \
-      openssl binutils gcc libfaketime >/dev/null
+    apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends "${pkgs[@]}" >/dev/null
   fi
 fi
 

@@ -75,6 +75,8 @@ def test_one_command_checks_every_box_and_fails_only_the_box_on_the_old_driver(f
         assert f"{box}: {passed} passed, {n_failed} failed, 0 could not run; results: " in out, out[-3000:]
     assert (f"DIFFERS driver: spark02 has {OLD_DRIVER}; the other 2 (spark01, spark03) have {DEFAULT_DRIVER}"
             in run.outlines), out[-3000:]
+    # pytest-benchmark, which turns itself off under xdist, is off in each box's worker before it says so
+    assert "because xdist plugin is active" not in out + run.stderr.str(), run.stderr.str()[-3000:]
 
 
 def test_the_fleet_summary_groups_failures_by_box_under_one_table_of_boxes(fleet_run, results):
@@ -106,7 +108,9 @@ def test_the_fleet_report_has_a_host_column_and_a_section_per_box(fleet_run):
         failed = page.locator("#results-table tbody.failed tr").first.inner_text()
         assert failed.split("\t")[:3] == ["Failed", "spark02", "HOST-DRIVER-MIN"], failed
         page.screenshot(path=str(tmp / "fleet.png"), full_page=True)
+        ids = page.eval_on_selector_all("[id]", "nodes => nodes.map(n => n.id)")
         chromium.close()
+    assert len(ids) == len(set(ids)) and {"sparkgate-summary-box1", "sparkgate-failures-box2"} <= set(ids), ids
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm-to-the-controller"])

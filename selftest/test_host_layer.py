@@ -122,8 +122,9 @@ VARIANTS = {
                            "(1,572,9* bytes) hashes to *, not to its name *; Intel/Qwen3-Coder-Next-int4-AutoRound: "
                            "3 of 3 files, 0.00 GiB hashed*"]),
     "clock-95-s-ahead": (HostSpec(binds=(os.path.dirname(FAKETIME),), setup_hook=CLOCK_AHEAD), "HOST-CLOCK",
-                         ["*found:    spark01's clock is 95.0 s ahead of this machine's (± 0.0* s, half the round "
-                          "trip); timedatectl on spark01 could not say whether it is synchronised*",
+                         ["*found:    spark01's clock is 95.0 s ahead of the clock of the machine running the suite "
+                          "(± 0.0* s, half the round trip); timedatectl on spark01 could not say whether it is "
+                          "synchronised*",
                           "*sudo timedatectl set-ntp true*"]),
     "small-model-cache-disk": (HostSpec(setup_hook=SMALL_DISK), "HOST-DISK-FREE",
                                ["*expected: >= 41 GiB (qwen3-coder-next-int4)*", "*/root/.cache*",

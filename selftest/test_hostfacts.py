@@ -72,12 +72,22 @@ def test_a_host_matches_its_hardware_profile(host, profile):
     assert (found.name if found else None) == profile
 
 
-def test_the_box_clock_is_read_at_the_shortest_round_trip_and_judged_at_its_favourable_end():
-    """Of three readings, the one with the shortest round trip is kept; the clocks are judged apart only beyond it."""
+def test_the_box_clock_is_read_at_the_shortest_round_trip_and_judged_at_either_end_of_its_error():
+    """Of three readings, the one with the shortest round trip (timed on the monotonic clock) is kept, placed halfway
+    through it; the clocks are apart only beyond the reading's error, together only within it."""
     said = iter(["1796584594.500000000", "1796584594.900000000", "1796584595.100000000"])
-    here = iter([1796584499.0, 1796584500.0, 1796584500.2, 1796584500.4, 1796584500.5, 1796584501.5])
+    wall = iter([1796584499.0, 1796584500.2, 1796584500.5])
+    ticks = iter([10.0, 11.0, 20.0, 20.2, 30.0, 31.0])
     reading = wallclock.offset(lambda _command: SimpleNamespace(stdout=next(said), stderr="", rc=0),
-                               clock=here.__next__)
+                               wall=wall.__next__, monotonic=ticks.__next__)
     assert (reading.seconds, reading.within) == (pytest.approx(94.6), pytest.approx(0.1))
-    assert reading.beyond(94.4) and not reading.beyond(94.5)
+    assert reading.beyond(94.45) and not reading.beyond(94.55) and not reading.inside(94.65) and reading.inside(94.75)
     assert wallclock.describe(reading.seconds) == "94.6 s ahead of" and wallclock.describe(-0.0123) == "0.012 s behind"
+
+
+@pytest.mark.parametrize("printed, seconds", [("0.000000001\n", 1e-9), ("86400.000000000", 86400.0),
+                                              ("1796584594.5\n", None), ("1796584594.%N\n", None), ("", None)])
+def test_a_clock_reset_to_1970_is_a_reading_and_a_date_without_nanoseconds_is_not(printed, seconds):
+    """A box whose clock restarted at the epoch (a flat RTC battery) reads as such, so the check judges it; a `date`
+    that prints %N literally (busybox) or no fraction at all is refused, not misread."""
+    assert wallclock.parse_epoch(printed) == seconds

@@ -4,6 +4,7 @@ and whatever an image prints read as untrusted."""
 import subprocess
 import sys
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -28,8 +29,9 @@ def test_the_fixed_release_and_anything_not_a_name_and_version_are_not():
 
 @given(st.text())
 def test_any_output_parses_to_plain_names_and_versions(printed):
-    for name, version in knownbad.parse(printed).items():
-        assert name.isascii() and version.isascii() and " " not in name + version and "<" not in name + version
+    for kind in ("PKG", "DEB"):
+        for name, version in knownbad.parse(printed, kind).items():
+            assert name.isascii() and version.isascii() and " " not in name + version and "<" not in name + version
 
 
 def test_a_package_listed_twice_is_read_as_the_copy_python_imports():
@@ -38,18 +40,27 @@ def test_a_package_listed_twice_is_read_as_the_copy_python_imports():
     assert knownbad.parse("PKG torch 2.10.0\nPKG torch 2.9.1\n") == {"torch": "2.10.0"}
 
 
-def test_the_system_nccl_dpkg_lists_is_a_shared_library_beside_the_wheels(tmp_path):
+INSTALLED, REMOVED = "install ok installed", "deinstall ok config-files"  # dpkg's status of a package kept, removed
+
+
+@pytest.mark.parametrize("status, version", [(INSTALLED, "2.28.3-1+cuda13.0"), (INSTALLED, "1:2.21.5-1~bpo12+1"),
+                                             (REMOVED, "2.28.3-1+cuda13.0")])
+def test_the_system_nccl_dpkg_lists_is_a_shared_library_beside_the_wheels(tmp_path, status, version):
     """The package list run for real (sh, dpkg-query and this Python) on a dpkg database that holds libnccl2, as NGC's
     images install it: the system NCCL is read apart from the Python packages (so it can neither be on the known-bad
-    list nor stand in for a Python list that is missing), and both NCCLs are what `sparkgate fleet` compares."""
+    list nor stand in for a Python list that is missing), in any version dpkg writes, and only while installed; both
+    NCCLs are what `sparkgate fleet` compares."""
     (tmp_path / "info").mkdir()
-    (tmp_path / "status").write_text("Package: libnccl2\nStatus: install ok installed\nArchitecture: arm64\n"
-                                     "Version: 2.28.3-1+cuda13.0\nMaintainer: cudatools <cudatools@nvidia.com>\n"
+    (tmp_path / "status").write_text(f"Package: libnccl2\nStatus: {status}\nArchitecture: arm64\nVersion: {version}\n"
+                                     "Maintainer: cudatools <cudatools@nvidia.com>\n"
                                      "Description: NVIDIA Collective Communication Library (NCCL) Runtime\n")
     printed = subprocess.run(["sh", "-c", knownbad.PACKAGES_SCRIPT, "sparkgate-packages", sys.executable],
                              env={"DPKG_ADMINDIR": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True,
                              text=True, timeout=60, check=True).stdout
     system, python = knownbad.parse(printed, "DEB"), knownbad.parse(printed)
-    assert system == {"libnccl2": "2.28.3-1+cuda13.0"} and "libnccl2" not in python and "pydantic" in python
+    assert "libnccl2" not in python and "pydantic" in python
     both = knownbad.shared_libraries({**python, "nvidia-nccl-cu13": "2.28.3"} | system)
-    assert both["nccl"] == "nvidia-nccl-cu13 2.28.3, libnccl2 2.28.3-1+cuda13.0", both
+    if status == REMOVED:
+        assert (system, both["nccl"]) == ({}, "nvidia-nccl-cu13 2.28.3"), printed[:300]
+    else:
+        assert system == {"libnccl2": version} and both["nccl"] == f"nvidia-nccl-cu13 2.28.3, libnccl2 {version}"

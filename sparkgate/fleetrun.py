@@ -201,8 +201,9 @@ class FleetRun:
                       + html_table(["host", "passed", "failed", "could not run", "results"], self.overview(),
                                    "sparkgate-fleet")
                       + f'<pre id="sparkgate-agreement">{html.escape(mask(self.agreement_text()))}</pre>')
-        for i, (h, r) in enumerate(self.boxes().items(), 1):
-            prefix.append(summary_html(r.checks, r.measurements, answer_rows(r.answers), title=h, anchor=f"-box{i}"))
+        for h, r in self.boxes().items():  # ids by the box's place in the fleet: a box without results leaves a gap
+            prefix.append(summary_html(r.checks, r.measurements, answer_rows(r.answers), title=h,
+                                       anchor=f"-box{self.labels.index(h) + 1}"))
             prefix.append(html_table(["environment", ""], [list(kv) for kv in self.environment[h].items()]))
 
     def pytest_html_results_table_header(self, cells: list[str]) -> None:

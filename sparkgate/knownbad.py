@@ -21,7 +21,8 @@ LISTER_TIMEOUT_S = 120  # Python's start and one pass over site-packages: second
 # a python, or a console script whose #! line names one; else python3), listing every distribution it can import as
 # "PKG name version".
 PACKAGES_SCRIPT = r"""
-command -v dpkg-query >/dev/null 2>&1 && dpkg-query -W -f='DEB ${Package} ${Version}\n' libnccl2 2>/dev/null
+command -v dpkg-query >/dev/null 2>&1 &&
+  dpkg-query -W -f='DEB ${db:Status-Abbrev} ${Package} ${Version}\n' libnccl2 2>/dev/null
 exe="$1"; py=""
 case "$exe" in
   */python*|python*) py="$exe" ;;
@@ -35,6 +36,7 @@ for d in m.distributions():
 """
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+!_-]{0,49}$")
+_DEB_VERSION = re.compile(r"^[0-9][A-Za-z0-9.+~:_-]{0,49}$")  # [epoch:]upstream[-revision], as dpkg writes them
 
 
 class KnownBad(BaseModel):
@@ -64,8 +66,12 @@ def parse(output: str, kind: str = "PKG") -> dict[str, str]:
     found = {}
     for line in output.splitlines():
         cells = line.split()
-        if len(cells) == 3 and cells[0] == kind and _NAME.match(cells[1]) and _VERSION.match(cells[2]):
-            found.setdefault(normalized(cells[1]), cells[2])  # the first on the path is the one Python imports
+        if kind == "DEB":  # "DEB ii NAME VERSION": installed only (a package removed bar its config keeps a version)
+            entry, valid = (cells[2:] if len(cells) == 4 and cells[:2] == ["DEB", "ii"] else []), _DEB_VERSION
+        else:
+            entry, valid = (cells[1:] if len(cells) == 3 and cells[0] == "PKG" else []), _VERSION
+        if entry and _NAME.match(entry[0]) and valid.match(entry[1]):
+            found.setdefault(normalized(entry[0]), entry[1])  # the first on the path is the one Python imports
     return found
 
 
