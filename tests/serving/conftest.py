@@ -83,14 +83,20 @@ class Endpoint:
         """The first choice of a chat completion that must answer 200 with one, not judged for garbage (for checks
         whose verdict is what the answers say: how many are right)."""
         __tracebackhide__ = True
-        response = self.post(body)
+        return self.first_choice(self.post(body), what, why)[1]
+
+    def first_choice(self, response: httpx.Response, what: str, why: str | None = None) -> tuple[dict, dict]:
+        """The JSON object of a chat completion that answered 200 with a choice whose message is an object, and its
+        first choice; the running check fails otherwise."""
+        __tracebackhide__ = True
+        found = f"HTTP {response.status_code}: {short(response.text)}"
+        self.check.that(response.status_code == 200, expected=f"HTTP 200 with {what}", found=found, why=why)
         data = self.json_object(response, what)
         choices = data.get("choices")
-        self.check.that(response.status_code == 200 and isinstance(choices, list) and bool(choices)
-                        and isinstance(choices[0], dict) and isinstance(choices[0].get("message") or {}, dict),
-                        expected=f"HTTP 200 with a choice for {what}",
-                        found=f"HTTP {response.status_code}: {short(response.text)}", why=why)
-        return choices[0]
+        self.check.that(isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict)
+                        and isinstance(choices[0].get("message") or {}, dict),
+                        expected=f"HTTP 200 with a choice for {what}", found=found, why=why)
+        return data, choices[0]
 
     def json_object(self, response: httpx.Response, what: str) -> dict[str, Any]:
         """The response's JSON object, or the running check fails saying what came instead (HTML, a list)."""
@@ -121,15 +127,8 @@ class Endpoint:
                judged_here: Collection[str] = ()) -> dict[str, Any]:
         """Judge a chat completion already received: HTTP 200 with a choice, and a clean message."""
         __tracebackhide__ = True
-        what = f"a chat completion{label and ' for ' + label}"
-        self.check.that(response.status_code == 200, expected=f"HTTP 200 with {what}",
-                        found=f"HTTP {response.status_code}: {short(response.text)}")
-        data = self.json_object(response, what)
-        choices = data.get("choices")
-        self.check.that(isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict),
-                        expected=f"HTTP 200 with a choice{label and ' for ' + label}",
-                        found=f"HTTP {response.status_code}: {short(response.text)}")
-        self.clean(choices[0].get("message") or {}, body, label, judged_here)
+        data, choice = self.first_choice(response, f"a chat completion{label and ' for ' + label}")
+        self.clean(choice.get("message") or {}, body, label, judged_here)
         return data
 
     def stream(self, body: dict[str, Any], label: str = "", timeout: float | None = None,
