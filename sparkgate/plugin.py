@@ -151,8 +151,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--link-mtu", dest="sg_link_mtu", type=_mtu, default=9000, metavar="BYTES",
                     help="the MTU every link interface must carry end to end (default: %(default)s, jumbo frames)")
     group.addoption("--clock-skew", dest="sg_clock_skew", type=_positive, default=1.0, metavar="S",
-                    help="how far the box's clock may be from this machine's (HOST-CLOCK); a box whose time sync "
-                         "works is within milliseconds (default: %(default)s)")
+                    help="how far the box's clock may be from the clock of the machine running the suite "
+                         "(HOST-CLOCK); a box whose time sync works is within milliseconds (default: %(default)s)")
     group.addoption("--list-checks", dest="sg_list_checks", default=None, metavar="PATH",
                     help="write the collected checks (ID, layer, MUST, why, fix) as Markdown to PATH "
                          "('-': the terminal) and run nothing (default: run the checks)")

@@ -13,9 +13,10 @@ from sparkgate.target import is_local
 @pytest.mark.check(
     "HOST-CLOCK",
     why="a clock that has wandered means time sync is not running on the box: its logs, its containers' times and "
-        "its results file then disagree with the other node's and with this machine's, so events cannot be put in "
-        "order across the two nodes of a model; the drift grows day by day, and a clock minutes off fails "
-        "certificate checks (an image pull, a model download) and makes apt refuse a Release file 'not valid yet'",
+        "its results file then disagree with the other node's and with the machine running the suite, so events "
+        "cannot be put in order across the two nodes of a model; the drift grows day by day, and a clock minutes "
+        "off fails certificate checks (an image pull, a model download) and makes apt refuse a Release file 'not "
+        "valid yet'",
     fix="turn time sync on: `sudo timedatectl set-ntp true` (systemd-timesyncd, Ubuntu 24.04's own), then "
         "`timedatectl status` must say 'System clock synchronized: yes'; a network that blocks NTP (UDP 123) needs "
         "an NTP server it can reach in /etc/systemd/timesyncd.conf (NTP=); if every box is off by the same amount, "
