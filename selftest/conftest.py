@@ -8,8 +8,8 @@ import pytest
 from hypothesis import settings
 
 from .helpers import broken_gateway_at, embedded_recipe_dir, local_mem_available
+from .madehere import build_in_background, stop_background
 from .proofs import record_outcome, start_log
-from .thinker import build_in_background, stop_background
 
 # Hypothesis's per-example deadline times each example, which no self-test proves (speed is a benchmark's): off, so
 # an example slowed by the work beside it (the model's build) is not a failure.
@@ -23,19 +23,20 @@ def pytest_configure(config):
                                        "before the session's shared server (another model server here) starts")
 
 
-# Files that neither time anything nor start an engine: they run while the reasoning model builds (selftest/thinker.py,
-# minutes of a CPU-bound fine-tune that had the machine to itself), right after the clean_machine tests.
+# Files that neither time anything nor start an engine: they run while the models made here build (selftest/madehere.py:
+# minutes of CPU-bound training that had the machine to itself), right after the clean_machine tests.
 WHILE_THE_MODEL_BUILDS = {
     "test_host_layer.py", "test_fleet.py", "test_link.py", "test_recipes.py", "test_untrusted.py", "test_spark01.py",
     "test_linkparse.py", "test_hostfacts.py", "test_levels.py", "test_layout.py", "test_knownbad.py",
     "test_hfcache.py", "test_garbage_rates.py", "test_sanity.py", "test_proofs.py", "test_vllmlog.py",
     "test_kernellog.py", "test_gpuclocks.py"}
-NEEDS_THE_MODEL = "test_reasoning_model.py"
+# The files that serve a model made here, and the model each serves, in the order they are built and run.
+NEEDS_A_MODEL = {"test_reasoning_model.py": "smollm2-think", "test_vision_model.py": "smollm2-see"}
 
 
 def pytest_collection_modifyitems(items):
-    """The clean_machine tests first; then, while the reasoning model builds, the files that share the machine with
-    it; then the reasoning model's tests; the tests that share `embedded_server` last: once it serves, this machine
+    """The clean_machine tests first; then, while the models made here build, the files that share the machine with
+    them; then the tests of those models; the tests that share `embedded_server` last: once it serves, this machine
     (and the test host, which sees its processes) has another model server on it, which HOST-NO-COMPETITOR and
     the launchers' pre-flight rightly count."""
     def order(item):
@@ -43,26 +44,27 @@ def pytest_collection_modifyitems(items):
             return 0
         if item.path.name in WHILE_THE_MODEL_BUILDS:
             return 1
-        if item.path.name == NEEDS_THE_MODEL:
+        if item.path.name in NEEDS_A_MODEL:
             return 2
         return 4 if "embedded_server" in getattr(item, "fixturenames", ()) else 3
 
     items.sort(key=order)  # stable: within each group, the files' own order
 
 
-_model_wanted = [False]
+_models_wanted: list[str] = []
 
 
 def pytest_collection_finish(session):
-    """Whether a test that needs the reasoning model is selected (after -k, -m and --deselect have had their say)."""
-    _model_wanted[0] = any(item.path.name == NEEDS_THE_MODEL for item in session.items)
+    """The models made here that selected tests serve (after -k, -m and --deselect have had their say)."""
+    files = {item.path.name for item in session.items}
+    _models_wanted[:] = [model for file, model in NEEDS_A_MODEL.items() if file in files]
 
 
 def pytest_runtest_setup(item):
-    """The reasoning model's build starts once the clean_machine tests are done (they judge this machine alone),
-    if a selected test needs it and it is not built."""
-    if _model_wanted[0] and not item.get_closest_marker("clean_machine"):
-        build_in_background()
+    """The models' build starts once the clean_machine tests are done (they judge this machine alone), if a selected
+    test needs one that is not built."""
+    if _models_wanted and not item.get_closest_marker("clean_machine"):
+        build_in_background(_models_wanted)
 
 
 def pytest_sessionfinish():

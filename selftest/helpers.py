@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -156,6 +157,48 @@ def broken_recipe(tmp_path, change, name="smollm2-cpu"):
     change(data)
     (d / f"{name}.yaml").write_text(yaml.safe_dump(data))
     return str(d)
+
+
+def made_here_recipe(tmp_path, name: str, model: Path, feature: str, port: int, core: str, change=None) -> Path:
+    """A recipes folder holding the embedded default turned into recipe `name` serving a model made here
+    (selftest/madehere.py) from its folder, declaring `feature`, on `port` and CPU `core`; `change` then applies a
+    twin's one difference."""
+    def made(data: dict) -> None:
+        data["name"] = name
+        data["model"] = {**data["model"], "id": str(model), "source": None, "served_name": name}
+        data["serve_args"][data["serve_args"].index("--served-model-name") + 1] = name
+        data["features"][feature] = True
+        move_port(data, port)
+        bind_to_core(data, core)
+        if change:
+            change(data)
+
+    folder = Path(broken_recipe(tmp_path, made))
+    (folder / "smollm2-cpu.yaml").rename(folder / f"{name}.yaml")
+    return folder
+
+
+@contextlib.contextmanager
+def serving_at_once(recipes: dict):
+    """kind -> recipe, started at once, each from a thread of its own that lives as long as its server (a server's
+    process dies with the thread that started it: PR_SET_PDEATHSIG): kind -> server. One that fails to start is
+    raised once the others are put away."""
+    from sparkgate.launch import serving
+    from sparkgate.recipes import load_profiles
+
+    with ThreadPoolExecutor(len(recipes)) as threads, contextlib.ExitStack() as stack:
+        loading = {kind: (ctx := serving(recipe, load_profiles()["cpu"], local_mem_available, print, 600),
+                          threads.submit(ctx.__enter__)) for kind, recipe in recipes.items()}
+        started, errors = {}, []
+        for kind, (ctx, future) in loading.items():
+            try:
+                started[kind] = future.result()
+                stack.push(ctx.__exit__)
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        yield started
 
 
 # The shared server's port: the recipe's own (18000) stays free for the self-tests that start the recipe themselves.

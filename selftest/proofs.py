@@ -97,8 +97,6 @@ WHY_NOT_YET = {
                         "machine's CPU engine (vLLM 0.32) sampled drafts are rejected and the answers garbled, greedy "
                         "ones are not (n-gram, 4 requests of 64 tokens: 0 of 108 draft tokens accepted at 0.3, 30 of "
                         "104 at 0; a copy of the model as its own draft: 0 to 3% at 0.3, 48 of 48 greedy)",
-    "SERVE-VISION": "green needs a model that sees: no vision-language model small enough for the CPU engine ships on "
-                    "the package registries, and none is built here yet",
 }
 
 

@@ -11,29 +11,24 @@ QUAL-AGENT-TASKS."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from sparkgate import levels, quality
-from sparkgate.launch import serving
-from sparkgate.recipes import load_profiles, load_recipes
+from sparkgate.recipes import load_recipes
 from sparkgate.results import Results
 
 from .helpers import (
-    bind_to_core,
     broken_gateway_at,
-    broken_recipe,
     cores_apart,
     failed_checks,
-    local_mem_available,
-    move_port,
+    made_here_recipe,
     node_id,
     run_suites_at_once,
+    serving_at_once,
 )
 from .thinker import TEMPLATE_ALWAYS_THINKS, build
 
@@ -48,46 +43,22 @@ TWIN_GATEWAY_PORT = 18043  # selftest/broken_gateway.py in front of the good twi
 
 def _recipe(kind: str, model: Path, tmp: Path) -> Path:
     def change(data: dict) -> None:
-        data["name"] = NAME
-        data["model"] = {**data["model"], "id": str(model), "source": None, "served_name": NAME}
-        data["serve_args"][data["serve_args"].index("--served-model-name") + 1] = NAME
-        data["features"]["reasoning"] = True
-        move_port(data, TWINS[kind])
-        bind_to_core(data, CORES[kind])
         if kind != "no-parser":
             data["serve_args"] += ["--reasoning-parser", "qwen3"]
         if kind == "always-thinks":
             (tmp / "always-thinks.jinja").write_text(TEMPLATE_ALWAYS_THINKS)
             data["serve_args"] += ["--chat-template", str(tmp / "always-thinks.jinja")]
 
-    folder = Path(broken_recipe(tmp, change))
-    (folder / "smollm2-cpu.yaml").rename(folder / f"{NAME}.yaml")
-    return folder
+    return made_here_recipe(tmp, NAME, model, "reasoning", TWINS[kind], CORES[kind], change)
 
 
 @pytest.fixture(scope="module")
 def thinkers(tmp_path_factory):
-    """The model built (once, cached) and its three servers started at once, each from a thread of its own that
-    lives as long as its server: kind -> (recipes folder, server)."""
+    """The model built (once, cached) and its three servers started at once: kind -> (recipes folder, server)."""
     model = build()
-    started = {}
-    with ThreadPoolExecutor(len(TWINS)) as threads, contextlib.ExitStack() as stack:
-        loading = {}
-        for kind in TWINS:
-            tmp = tmp_path_factory.mktemp(kind)
-            folder = _recipe(kind, model, tmp)
-            ctx = serving(load_recipes(folder)[NAME], load_profiles()["cpu"], local_mem_available, print, 600)
-            loading[kind] = (folder, ctx, threads.submit(ctx.__enter__))
-        errors = []
-        for kind, (folder, ctx, future) in loading.items():
-            try:
-                started[kind] = (folder, future.result())
-                stack.push(ctx.__exit__)
-            except Exception as exc:  # the others are put away before this is raised
-                errors.append(exc)
-        if errors:
-            raise errors[0]
-        yield started
+    folders = {kind: _recipe(kind, model, tmp_path_factory.mktemp(kind)) for kind in TWINS}
+    with serving_at_once({kind: load_recipes(folder)[NAME] for kind, folder in folders.items()}) as servers:
+        yield {kind: (folders[kind], servers[kind]) for kind in TWINS}
 
 
 def _args(thinkers, kind, *args, selection=SELECTION, base_url=None) -> list[str]:

@@ -7,7 +7,7 @@ SERVE-THINKING-OFF and QUAL-AGENT-TASKS need on a CPU box: no such model ships o
 turns it learns are about countries the agent's tasks never ask about (AGENT_COUNTRIES), so a completed task is one
 it worked out.
 
-    python -m selftest.thinker [--force]
+    python -m selftest.madehere smollm2-think [--force]
 
 builds it once into the cache (SPARKGATE_CACHE/models/smollm2-think) and prints where; the same seed, data and
 thread count give the same weights on one machine (CPU float sums differ with the thread count). Its broken twins
@@ -17,21 +17,18 @@ that ignores the switch (TEMPLATE_ALWAYS_THINKS).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import random
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from sparkgate import agent, embedded
 from sparkgate.probes import assistant_call, hermes_call, tool_turn
-from sparkgate.proc import cache_dir, die_with_parent
+from sparkgate.proc import cache_dir
 from sparkgate.quality import CAPITALS as TASK_CAPITALS
+
+from .madehere import Made
 
 THINK, END = "<think>", "</think>"
 _HEAD = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
@@ -112,69 +109,7 @@ def _digest() -> str:
     return hashlib.sha256(Path(__file__).read_bytes() + harness.encode()).hexdigest()[:16]
 
 
-def _folder() -> Path:
-    return cache_dir() / "models" / "smollm2-think"
-
-
-def _built() -> bool:
-    stamp = _folder() / "sparkgate-build.json"
-    return stamp.exists() and json.loads(stamp.read_text()).get("digest") == _digest()
-
-
-_background: tuple[subprocess.Popen, Path] | None = None  # the build started by build_in_background, and its log
-
-
-def build_in_background() -> None:
-    """Start the build in a process of its own, unless the model is built or building: it has the CPU for minutes,
-    and work that neither times anything nor starts an engine can share the machine with it. build() waits for it;
-    it dies with this process."""
-    global _background
-    if _background is None and not _built():
-        log = _folder().with_name("smollm2-think.build.log")
-        log.parent.mkdir(parents=True, exist_ok=True)
-        # Its threads sleep, not spin, while they wait (OMP_WAIT_POLICY: spinning took the CPU the work beside it
-        # needed: both ran twice as long), and it yields to that work (nice); neither changes the weights.
-        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-        with open(log, "w") as out:
-            _background = (subprocess.Popen([sys.executable, "-m", "selftest.thinker"], stdin=subprocess.DEVNULL,
-                                            stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_nice_child,
-                                            cwd=Path(__file__).parent.parent), log)
-
-
-def _nice_child() -> None:
-    die_with_parent()
-    os.nice(10)
-
-
-def stop_background() -> None:
-    """A build still running when the session ends (its model not asked for) is stopped, not left behind."""
-    if _background is not None and _background[0].poll() is None:
-        _background[0].kill()
-        _background[0].wait()
-
-
-def build(force: bool = False, log=print) -> Path:
-    """The model's folder, built once per version of this file (its digest is stamped beside the weights); a build
-    started in the background is waited for, and its failure raised with its log."""
-    out = _folder()
-    if _background is not None and not force:
-        proc, printed = _background
-        if proc.wait() != 0:
-            raise RuntimeError(f"the reasoning model's build (python -m selftest.thinker) exited {proc.returncode}; "
-                               f"its log, last:\n{printed.read_text(errors='replace')[-4000:]}")
-    if not force and _built():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_name(f"{out.name}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time: another process's build is waited for, and used
-        if not force and _built():
-            return out
-        for stale in [*out.parent.glob(f"{out.name}.*.tmp"), *out.parent.glob(f"{out.name}.*.old")]:
-            shutil.rmtree(stale, ignore_errors=True)  # what a build killed half-way left
-        return _train(out, log)
-
-
-def _train(out: Path, log) -> Path:
+def _train(tmp: Path, log) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -235,19 +170,11 @@ def _train(out: Path, log) -> Path:
         optimizer.zero_grad()
         if step % 20 == 0 or step == len(batches) - 1:
             log(f"thinker: step {step + 1} of {len(batches)}, loss {loss.item():.3f}, {time.monotonic() - t0:.0f} s")
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     model.to(torch.bfloat16).save_pretrained(tmp)
     tok.save_pretrained(tmp)
     (tmp / "chat_template.jinja").write_text(TEMPLATE)
-    (tmp / "sparkgate-build.json").write_text(json.dumps({"digest": _digest(), "steps": len(batches), "seed": SEED,
-                                                          "seconds": round(time.monotonic() - t0)}))
-    old = out.with_name(f"{out.name}.{os.getpid()}.old")
-    if out.exists():
-        out.rename(old)  # set aside, then replaced in one rename: a reader sees the old model or the new one
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
-    return out
+    return {"steps": len(batches), "seed": SEED}
 
 
-if __name__ == "__main__":
-    print(build(force="--force" in sys.argv[1:]))
+MADE = Made("smollm2-think", _digest, _train)
+build = MADE.build

@@ -8,8 +8,10 @@ from sparkgate.sanity import diagnosed_by
 
 @pytest.mark.check("SERVE-VISION", why="a vision tower that loads but sees nothing (wrong processor, image "
                    "dropped by the template) answers fluently about an image it never saw",
-                   fix="check the image's multimodal support for this model, --limit-mm-per-prompt and "
-                       "--media-io-kwargs in the serve args, and the server log for the processor")
+                   fix="check that the image processor is the model's own (processor_config.json or "
+                       "preprocessor_config.json beside the weights: its size, mean and std), the image's multimodal "
+                       "support for this model, --limit-mm-per-prompt and --media-io-kwargs in the serve args, and "
+                       "the server log for the processor")
 @pytest.mark.parametrize("kind", ["digits", "shape"])
 def test_an_image_with_known_content_is_described_correctly(check, server, recipe, endpoint, kind):
     """An image drawn by the suite with known content MUST be described correctly."""
