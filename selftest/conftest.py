@@ -45,7 +45,7 @@ def pytest_collection_modifyitems(items):
         if item.path.name in WHILE_THE_MODEL_BUILDS:
             return 1
         if item.path.name in NEEDS_A_MODEL:
-            return 2
+            return 2 + list(NEEDS_A_MODEL).index(item.path.name) / len(NEEDS_A_MODEL)
         return 4 if "embedded_server" in getattr(item, "fixturenames", ()) else 3
 
     items.sort(key=order)  # stable: within each group, the files' own order

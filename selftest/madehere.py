@@ -1,6 +1,6 @@
 """Models made here from the embedded weights (selftest/thinker.py reasons, selftest/seer.py sees): each built once
 per version of its recipe into the cache (its digest is stamped beside the weights), one builder at a time, and
-replaced in one rename so that a reader sees the old model or the new one.
+written beside the old one and moved into its place only once complete, so that a reader never sees half a model.
 
     python -m selftest.madehere NAME... [--force]
 
@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +43,11 @@ class Made:
         return cache_dir() / "models" / self.name
 
     def built(self) -> bool:
-        stamp = self.folder / "sparkgate-build.json"
-        return stamp.exists() and json.loads(stamp.read_text()).get("digest") == self.digest()
+        try:
+            stamp = json.loads((self.folder / "sparkgate-build.json").read_text())
+        except (OSError, ValueError):  # none yet, or the folder is being replaced this moment
+            return False
+        return stamp.get("digest") == self.digest()
 
     def build(self, force: bool = False, log: Callable[[str], None] = print) -> Path:
         """The model's folder, built if it is not; a build started in the background is waited for while it may
@@ -83,24 +87,24 @@ def made(name: str) -> Made:
 
 
 _background: tuple[subprocess.Popen, list[str], Path] | None = None  # the builds started, their names and log
-_asked = [False]
+_asked = False  # whether build_in_background has looked (the models wanted are known once collection ends)
 
 
 def build_in_background(names: list[str]) -> None:
     """Start building, in a process of its own, those of `names` not built yet (once): it has the CPU for minutes,
     and work that neither times anything nor starts an engine can share the machine with it. Each Made.build waits
     for it; it dies with this process."""
-    global _background
-    if _asked[0]:
+    global _background, _asked
+    if _asked:
         return
-    _asked[0] = True
+    _asked = True
     wanted = [name for name in names if not made(name).built()]
     if wanted:
         log = cache_dir() / "models" / "made-here.build.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         # Its threads sleep, not spin, while they wait (OMP_WAIT_POLICY: spinning took the CPU the work beside it
         # needed: both ran twice as long), and it yields to that work (nice); neither changes the weights.
-        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}  # a killed build leaves its log
         with open(log, "w") as out:
             proc = subprocess.Popen([sys.executable, "-m", "selftest.madehere", *wanted], stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_nice_child,
@@ -122,5 +126,12 @@ def stop_background() -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    failed = []
     for name in [a for a in args if a != "--force"] or list(MODULES):
-        print(made(name).build(force="--force" in args), flush=True)
+        try:  # one model's failure is its own: the next is still built
+            print(made(name).build(force="--force" in args), flush=True)
+        except Exception:
+            traceback.print_exc()
+            failed.append(name)
+    if failed:
+        sys.exit(f"not built: {', '.join(failed)}")

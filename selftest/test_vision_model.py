@@ -33,6 +33,12 @@ def _with_wrong_processor(model: Path, tmp: Path) -> Path:
     return twin
 
 
+def _weights(data: dict) -> None:
+    data["memory"] = {**data["memory"], "weights_gib": 0.7,
+                      "basis": "the embedded model and a vision tower, 0.66 GB in float32 on disk; the rest as the "
+                               "embedded default's"}
+
+
 @pytest.fixture(scope="module")
 def seers(tmp_path_factory):
     """The model built (once, cached) and its two servers started at once: kind -> (recipes folder, server)."""
@@ -41,7 +47,7 @@ def seers(tmp_path_factory):
     for kind, port in TWINS.items():
         tmp = tmp_path_factory.mktemp(kind)
         folders[kind] = made_here_recipe(tmp, NAME, model if kind == "good" else _with_wrong_processor(model, tmp),
-                                         "vision", port, CORES[kind])
+                                         "vision", port, CORES[kind], _weights)
     with serving_at_once({kind: load_recipes(folder)[NAME] for kind, folder in folders.items()}) as servers:
         yield {kind: (folders[kind], servers[kind]) for kind in TWINS}
 
