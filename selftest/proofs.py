@@ -93,10 +93,6 @@ WHY_NOT_YET = {
                       "args alone)",
     "CONT-EAGER": "both ways need an engine on a GPU whose profile supports CUDA graphs: on the CPU engine (its log "
                   "sizes a CPU KV cache) the check could not run",
-    "PERF-SPEC-ACCEPT": "green needs speculative decoding that works at the perf checks' temperature (0.3): on this "
-                        "machine's CPU engine (vLLM 0.32) sampled drafts are rejected and the answers garbled, greedy "
-                        "ones are not (n-gram, 4 requests of 64 tokens: 0 of 108 draft tokens accepted at 0.3, 30 of "
-                        "104 at 0; a copy of the model as its own draft: 0 to 3% at 0.3, 48 of 48 greedy)",
 }
 
 
