@@ -455,11 +455,12 @@ def test_a_container_whose_processes_hold_gpu_memory_past_its_budget_fails_exact
                                  "inactive page cache) and 8.00 GiB on the GPU (nvidia-smi, its processes)*"])
 
 
-@pytest.mark.parametrize(("earlier_s", "budget_s"), [(100, 200), (10, 20)])
+@pytest.mark.parametrize(("earlier_s", "budget_s"), [(100, 200), (2, 4)])
 def test_a_recipe_with_no_startup_budget_is_held_to_twice_its_earlier_start_here(pytester, tmp_path, dock, good,
                                                                                   earlier_s, budget_s):
     """Where a recipe states no budget, the start an earlier run measured on this target (the runner's cache) is its
-    basis: the good container's start (~40 s) MUST pass twice 100 s and fail twice 10 s, naming the basis."""
+    basis: the good container's start (21 to 40 s here, by the machine's speed that day) MUST pass twice 100 s and
+    fail twice 2 s (twice 10 s passed on a fast day), naming the basis."""
     data = recipe_data(name="smollm2-earlier")
     del data["startup"]
     starts = Path(os.environ["SPARKGATE_CACHE"]) / "starts.json"
@@ -477,9 +478,9 @@ def test_a_recipe_with_no_startup_budget_is_held_to_twice_its_earlier_start_here
     out = result.stdout.str()
     assert failed == ([] if earlier_s == 100 else ["CONT-STARTUP-TIME"]), out[-4000:]
     assert result.parseoutcomes().get("passed", 0) == (earlier_s == 100), out[-4000:]
-    if earlier_s == 10:
+    if earlier_s == 2:
         result.stdout.fnmatch_lines([f"*expected: serving within {budget_s} s of the container's start (the recipe "
-                                     "states no startup.budget_s: twice the 10 s an earlier run took to bring it to "
+                                     "states no startup.budget_s: twice the 2 s an earlier run took to bring it to "
                                      "serving here)*", "*found:    engine v0.32.0 initialising at * s; *serving after "
                                      "* s; the longest wait: *"])
 
