@@ -460,7 +460,7 @@ def test_a_recipe_with_no_startup_budget_is_held_to_twice_its_earlier_start_here
                                                                                   earlier_s, budget_s):
     """Where a recipe states no budget, the start an earlier run measured on this target (the runner's cache) is its
     basis: the good container's start (21 to 40 s here, by the machine's speed that day) MUST pass twice 100 s and
-    fail twice 2 s (twice 10 s passed on a fast day), naming the basis."""
+    fail twice 2 s (twice 10 s failed to tell them apart on a fast day), naming the basis."""
     data = recipe_data(name="smollm2-earlier")
     del data["startup"]
     starts = Path(os.environ["SPARKGATE_CACHE"]) / "starts.json"

@@ -346,19 +346,21 @@ def drafting_servers(tmp_path_factory):
     from sparkgate import embedded
 
     model = embedded.path("embedded:smollm2", Path(os.environ["SPARKGATE_CACHE"]))
-    folders = {}
-    for (kind, env), port, core in zip({"broken": {}, "mended": MENDED}.items(), DRAFTING_PORTS, cores_apart(2),
-                                       strict=True):
-        recipes = Path(broken_recipe(tmp_path_factory.mktemp(kind), speculative(
-            {"method": "draft_model", "model": str(model), "num_speculative_tokens": 3})))
-        data = yaml.safe_load((recipes / "smollm2-cpu.yaml").read_text())
-        move_port(data, port)
-        bind_to_core(data, core)
-        data["env"].update(env)
-        data["floors"]["spec_acceptance"] = SELF_DRAFT_ACCEPTANCE
-        data["serve_args"].append("--no-enable-prefix-caching")
-        (recipes / "smollm2-cpu.yaml").write_text(yaml.safe_dump(data))
-        folders[kind] = recipes
+    drafting = speculative({"method": "draft_model", "model": str(model), "num_speculative_tokens": 3})
+
+    def twin(port: int, core: str, env: dict):
+        def change(data: dict) -> None:
+            drafting(data)
+            move_port(data, port)
+            bind_to_core(data, core)
+            data["env"].update(env)
+            data["floors"]["spec_acceptance"] = SELF_DRAFT_ACCEPTANCE
+            data["serve_args"].append("--no-enable-prefix-caching")
+        return change
+
+    folders = {kind: Path(broken_recipe(tmp_path_factory.mktemp(kind), twin(port, core, env)))
+               for (kind, env), port, core in zip({"broken": {}, "mended": MENDED}.items(), DRAFTING_PORTS,
+                                                  cores_apart(2), strict=True)}
     with serving_at_once({kind: load_recipes(recipes)["smollm2-cpu"] for kind, recipes in folders.items()}) as srv:
         yield {kind: (folders[kind], srv[kind]) for kind in folders}
 
