@@ -10,6 +10,7 @@ run outside pytest too (`python -m selftest.false_alarms`, `python -m selftest.g
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import re
 import subprocess
@@ -157,6 +158,25 @@ def broken_recipe(tmp_path, change, name="smollm2-cpu"):
     change(data)
     (d / f"{name}.yaml").write_text(yaml.safe_dump(data))
     return str(d)
+
+
+TWO_NODES = {"head": {"host": "spark01", "address": "192.168.100.10"},
+             "worker": {"host": "spark02", "address": "192.168.100.11"}, "interface": "enp1s0f1np1"}
+
+
+def two_node(data: dict, name: str | None = None) -> None:
+    """Turn a recipe's data into two Sparks as one (NVIDIA's two-Spark playbook's addresses and interface): a
+    docker recipe on a head and a worker, tensor parallel 2 over Ray; renamed `name` when given."""
+    if name:
+        data["name"] = name
+    data.update(launcher="docker", nodes=copy.deepcopy(TWO_NODES), image=data.get("image") or "vllm-cpu:selftest",
+                container_name=data.get("container_name") or data["name"])
+    args = data["serve_args"]
+    if "--tensor-parallel-size" in args:
+        args[args.index("--tensor-parallel-size") + 1] = "2"
+    else:
+        args += ["--tensor-parallel-size", "2"]
+    args += ["--distributed-executor-backend", "ray"]
 
 
 def made_here_recipe(tmp_path, name: str, model: Path, feature: str, port: int, core: str, change=None) -> Path:

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from selftest.helpers import two_node
 from sparkgate.launch.container_spec import (
     arg_drift,
     config_drift,
@@ -16,7 +17,7 @@ from sparkgate.launch.container_spec import (
     run_kwargs,
 )
 from sparkgate.launch.lifecycle import gguf_of_gdn_hybrid
-from sparkgate.recipes import load_recipes
+from sparkgate.recipes import LINK_ENV, Recipe, load_recipes
 from sparkgate.serveargs import ServeArgs
 from sparkgate.units import GIB, parse_flag_bytes
 
@@ -119,3 +120,28 @@ def test_a_gguf_of_a_gdn_hybrid_is_refused_and_native_checkpoints_are_not():
 ])
 def test_the_attention_backend_a_recipe_asks_for_is_read_as_vllm_reads_it(args, asked):
     assert ServeArgs(["m", *args]).attention_backend == asked
+
+
+def _two_node_qwen38():
+    data = QWEN38.model_dump(mode="json", exclude={"source_file"})
+    two_node(data)
+    return Recipe.model_validate(data)
+
+
+def test_a_two_node_recipes_head_serves_after_rays_head_and_its_worker_joins_it_both_pinned_to_the_link():
+    recipe = _two_node_qwen38()
+    head, worker = run_kwargs(recipe), run_kwargs(recipe, role="worker")
+    assert head["entrypoint"][:2] == ["bash", "-c"] and "ray start --head --port=6379 --node-ip-address=" \
+        "192.168.100.10; exec \"$@\"" in head["entrypoint"][2]
+    assert head["entrypoint"][3:] == ["sparkgate-head", "vllm", "serve"] and head["command"][0] == QWEN38.model.id
+    assert worker["command"] == ["ray", "start", "--block", "--address=192.168.100.10:6379",
+                                 "--node-ip-address=192.168.100.11"]
+    assert (head["name"], worker["name"]) == ("qwen3.8-27b-nvfp4", "qwen3.8-27b-nvfp4-worker")
+    for kw, address in ((head, "192.168.100.10"), (worker, "192.168.100.11")):
+        assert kw["environment"]["VLLM_HOST_IP"] == address
+        assert {kw["environment"][k] for k in LINK_ENV} == {"enp1s0f1np1"}
+        assert kw["environment"]["CUTE_DSL_ARCH"] == "sm_121a"  # the recipe's own env, on both nodes
+    # The container checks read the head's serve args through the Ray wrapper, as they read a one-box container's.
+    assert config_drift(recipe, inspect_of(recipe)) == []
+    one_box = inspect_of(recipe, Config__Entrypoint=["vllm", "serve"])
+    assert config_drift(recipe, one_box) == [f"entrypoint ['vllm', 'serve'] (recipe {head['entrypoint']})"]

@@ -11,8 +11,16 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from selftest.helpers import broken_recipe
-from sparkgate.recipes import RECIPES_DIR, Floor, RecipeError, load_profiles, load_recipes, override_images
+from selftest.helpers import broken_recipe, two_node
+from sparkgate.recipes import (
+    RECIPES_DIR,
+    Floor,
+    RecipeError,
+    load_profiles,
+    load_recipes,
+    one_node_twin,
+    override_images,
+)
 from sparkgate.rules import static_rules
 
 
@@ -228,3 +236,55 @@ def test_a_recipe_folder_with_bad_entries_is_one_error_naming_the_file(tmp_path,
 def test_a_recipes_dir_that_does_not_exist_is_an_error_not_an_empty_run(tmp_path):
     with pytest.raises(RecipeError, match="no such folder of recipes"):
         load_recipes(tmp_path / "nowhere", load_profiles())
+
+
+# ---- two Sparks as one ---------------------------------------------------------------------------------------------
+
+def test_a_two_node_recipe_loads_with_its_head_worker_and_link(tmp_path):
+    folder = broken_recipe(tmp_path, lambda d: two_node(d), name="qwen36-35b-a3b-nvfp4")
+    recipe = load_recipes(Path(folder), load_profiles())["qwen36-35b-a3b-nvfp4"]
+    assert (recipe.nodes.head.host, recipe.nodes.worker.address, recipe.tensor_parallel) == ("spark01",
+                                                                                            "192.168.100.11", 2)
+
+
+def _unpinned(d):
+    d["env"] = {**d.get("env", {}), "NCCL_SOCKET_IFNAME": "enP7s7"}  # the management port
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda d: d["nodes"]["worker"].update(host="spark01"), "the head and the worker are both spark01"),
+    (lambda d: d["nodes"]["worker"].update(address="192.168.100.10"), "both have the address 192.168.100.10"),
+    (lambda d: d["nodes"]["head"].update(address="spark01"), "field `nodes.head.address`: Value error, 'spark01' is "
+                                                             "not an IP address"),
+    (lambda d: d["nodes"].update(interface="enp1s0f1np1; reboot"), "field `nodes.interface`: String should match"),
+    (lambda d: d["serve_args"].remove("ray"), "`serve_args`: a two-node recipe needs --distributed-executor-backend "
+                                              "ray"),
+    (lambda d: d["serve_args"].__setitem__(d["serve_args"].index("--tensor-parallel-size") + 1, "1"),
+     "`serve_args`: two nodes with one GPU each need --tensor-parallel-size 2 (or --pipeline-parallel-size 2): the "
+     "args ask for 1 GPU(s)"),
+    (lambda d: d["serve_args"].__setitem__(d["serve_args"].index("--tensor-parallel-size") + 1, "two"),
+     "`serve_args`: --tensor-parallel-size takes a whole number, not 'two'"),
+    (lambda d: d.update(network="bridge"), "`nodes`: a two-node recipe runs a container on each node, on the host's "
+                                           "network"),
+    (_unpinned, "`env`: NCCL_SOCKET_IFNAME=enP7s7 but `nodes.interface` is enp1s0f1np1"),
+], ids=["one-box-twice", "one-address-twice", "a-name-for-an-address", "a-command-for-an-interface", "no-ray",
+        "one-gpu", "not-a-number", "bridge-network", "nccl-on-another-port"])
+def test_a_malformed_two_node_recipe_names_its_file_and_field(tmp_path, change, words):
+    def make(d):
+        two_node(d)
+        change(d)
+
+    folder = broken_recipe(tmp_path, make, name="qwen36-35b-a3b-nvfp4")
+    with pytest.raises(RecipeError, match=re.escape("qwen36-35b-a3b-nvfp4.yaml: ") + ".*" + re.escape(words)):
+        load_recipes(Path(folder), load_profiles())
+
+
+def test_a_two_node_recipes_one_box_twin_is_the_same_model_on_one_box(tmp_path):
+    folder = Path(broken_recipe(tmp_path, lambda d: two_node(d, "qwen36-35b-a3b-nvfp4-2node"),
+                                name="qwen36-35b-a3b-nvfp4"))
+    (folder / "qwen36-35b-a3b-nvfp4.yaml").rename(folder / "qwen36-35b-a3b-nvfp4-2node.yaml")
+    shutil.copy(RECIPES_DIR / "qwen36-35b-a3b-nvfp4.yaml", folder)
+    shutil.copy(RECIPES_DIR / "qwen38-27b-nvfp4.yaml", folder)
+    recipes = load_recipes(folder, load_profiles())
+    assert one_node_twin(recipes["qwen36-35b-a3b-nvfp4-2node"], recipes).name == "qwen36-35b-a3b-nvfp4"
+    assert one_node_twin(recipes["qwen36-35b-a3b-nvfp4"], recipes) is None  # one box: no twin to stand beside

@@ -39,6 +39,7 @@ from .helpers import (
     server_group,
     serving_at_once,
     sparkgate_cli,
+    two_node,
 )
 from .terminal import Terminal
 
@@ -592,6 +593,56 @@ def test_recipes_show_prints_what_would_start(tmp_path):
     assert "--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}'" in out
     assert json.loads(out.split("--speculative-config ")[1].split("'")[1]) == {"method": "mtp",
                                                                                 "num_speculative_tokens": 2}
+
+
+def beside_its_one_box_twin(tmp_path) -> str:
+    """A recipes folder: the embedded default, and the same model as two Sparks as one (`smollm2-cpu-2node`)."""
+    folder = broken_recipe(tmp_path, lambda d: None)
+    data = yaml.safe_load((Path(folder) / "smollm2-cpu.yaml").read_text())
+    two_node(data, "smollm2-cpu-2node")
+    (Path(folder) / "smollm2-cpu-2node.yaml").write_text(yaml.safe_dump(data))
+    return folder
+
+
+def test_recipes_show_prints_each_nodes_command_in_the_order_they_start_and_the_runs_that_check_them(tmp_path):
+    out = sparkgate_cli("recipes", "show", "smollm2-cpu-2node", f"--recipes-dir={beside_its_one_box_twin(tmp_path)}")
+    lines = [line for line in out.splitlines() if not line.startswith("#")]
+    assert lines[0].startswith("docker run -d --name smollm2-cpu-2node --restart unless-stopped")
+    assert "-e VLLM_HOST_IP=192.168.100.10 -e NCCL_SOCKET_IFNAME=enp1s0f1np1" in lines[0]
+    assert ("-c 'set -e; ray start --head --port=6379 --node-ip-address=192.168.100.10; exec \"$@\"' sparkgate-head "
+            "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct") in lines[0]
+    assert lines[1].startswith("docker run -d --name smollm2-cpu-2node-worker")
+    assert lines[1].endswith("sparkgate-worker ray start --block --address=192.168.100.10:6379 "
+                             "--node-ip-address=192.168.100.11")
+    assert lines[2:] == [
+        "sparkgate run --host=spark01 --host=spark02 -m host --link-interface=enp1s0f1np1 "
+        "--link-peer=spark01=192.168.100.11 --link-peer=spark02=192.168.100.10",
+        "sparkgate run --host=spark01 -m 'container or serving or perf' --recipe=smollm2-cpu-2node "
+        "--base-url=http://spark01:18000"]
+    assert "# memory budget 3.5 GiB on each node" in out
+
+
+def test_a_two_node_recipe_is_never_started_by_a_run_it_could_not_run_saying_how_to_run_it(pytester, tmp_path):
+    result = run_suite(pytester, "-m", "serving", f"--recipes-dir={beside_its_one_box_twin(tmp_path)}",
+                       "--recipe=smollm2-cpu-2node", "-k", "health or served_name_is_listed")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*smollm2-cpu-2node: could not run: it serves on two nodes (spark01 and spark02), "
+                                 "which a run does not start: start them as `sparkgate recipes show smollm2-cpu-2node` "
+                                 "prints, then run with --base-url=http://spark01:18000*"])
+
+
+def test_a_two_node_recipes_figures_stand_beside_its_one_box_twins(pytester, tmp_path, embedded_server):
+    """The head's endpoint is the embedded default's server here: no second box can join a CPU engine on this
+    machine, so this proves what the perf layer prints for a two-node recipe, not a two-node engine."""
+    result = run_suite(pytester, "-m", "perf", f"--recipes-dir={beside_its_one_box_twin(tmp_path)}",
+                       "--recipe=smollm2-cpu-2node", f"--base-url={embedded_server.base_url}", "-k", "natural",
+                       "--level=quick", "-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*smollm2-cpu-2node roofline: * tok/s = * GB/s (this machine's copy bandwidth, measured (best of 5)) x 2 "
+        "GPUs in tensor parallel / (0.135B active x 4 bytes)*",
+        "*smollm2-cpu-2node [[]PERF-NATURAL[]]: natural decode, per request * tok/s*; on one box (smollm2-cpu): "
+        "24.32 +/- 1.04 and 20.68 +/- 4.01 tok/s (n=4 each, sample std)*"])
 
 
 def test_the_checks_catalogue_in_the_docs_is_the_generated_one(pytester, tmp_path):

@@ -2,7 +2,7 @@
 
   sparkgate run [pytest options]    the shipped checks, from any folder: sparkgate run --host=spark01 -m serving
   sparkgate recipes list            every recipe, its profile and model
-  sparkgate recipes show NAME       the exact command line or `docker run` the recipe would start
+  sparkgate recipes show NAME       the exact command line or `docker run` the recipe would start (each node's)
   sparkgate recipes floors          every performance floor, its rule, figure and source (docs/FLOORS.md)
   sparkgate prepare NAME            convert an embedded model into the cache now (otherwise done at start)
   sparkgate results-schema          the JSON Schema of --results-json files (docs/results.schema.json)
@@ -40,8 +40,26 @@ from .redact import mask, printable, secrets_of
 
 
 def describe(recipe: Recipe) -> str:
-    """The exact command line or `docker run` the recipe would start, secrets masked."""
-    return docker_run(recipe) if recipe.launcher == "docker" else ProcessLauncher(recipe).describe()
+    """The exact command line or `docker run` the recipe would start, secrets masked; a two-node recipe's, node by
+    node in the order they start, with the runs that check their link and then serve against the head."""
+    if recipe.launcher != "docker":
+        return ProcessLauncher(recipe).describe()
+    if not (n := recipe.nodes):
+        return docker_run(recipe)
+    head, worker, link = n.head, n.worker, f"--link-interface={n.interface}"
+    return "\n".join([
+        f"# two nodes over {n.interface}: head {head.host} ({head.address}), worker {worker.host} ({worker.address})",
+        f"# 1. on the head, {head.host}: Ray's head, then the server (it waits for the worker's GPU to join)",
+        docker_run(recipe),
+        f"# 2. on the worker, {worker.host}: joins Ray at {head.address}:{n.ray_port}",
+        docker_run(recipe, role="worker"),
+        "# the link, from both nodes (before starting: HOST-LINK-ROUTE, HOST-LINK-MTU):",
+        f"sparkgate run --host={head.host} --host={worker.host} -m host {link} --link-peer={head.host}="
+        f"{worker.address} --link-peer={worker.host}={head.address}",
+        "# then the head's container, and the serving and perf layers against its endpoint:",
+        f"sparkgate run --host={head.host} -m 'container or serving or perf' --recipe={recipe.name} "
+        f"--base-url=http://{head.host}:{recipe.port}",
+    ])
 
 
 def floors_table(recipes: dict[str, Recipe]) -> str:
@@ -281,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     secrets_of(recipe.env, recipe.serve_args)
     print(mask(f"# {recipe.name}: {recipe.description}"))
-    print(mask(f"# memory budget {recipe.memory.budget_gib:.1f} GiB: {recipe.memory.basis.strip()}"))
+    print(mask(f"# memory budget {recipe.memory.budget_gib:.1f} GiB{' on each node' if recipe.nodes else ''}: "
+               f"{recipe.memory.basis.strip()}"))
     print(describe(recipe))
     return 0
 

@@ -20,12 +20,12 @@ from .fleetrun import WORKER_KEY, FleetRun, as_a_box_of_the_fleet
 from .gpuclocks import GpuClocks
 from .hostfacts import HostFacts
 from .kernellog import KernelLog
-from .launch import NeedsTakeOver, Occupied, Server, StartError, serving
+from .launch import CouldNotRun, NeedsTakeOver, Server, StartError, serving
 from .launch.base import wait_ready
 from .launch.docker_engine import DockerEngine
 from .levels import DEFAULT, LEVELS, Level
 from .progress import Steps
-from .recipes import RECIPES_DIR, Profile, Recipe
+from .recipes import RECIPES_DIR, Profile, Recipe, one_node_twin
 from .redact import mask, printable
 from .reporting import Reporting
 from .results import Answer, ResultsFile
@@ -329,6 +329,12 @@ def recipe(request: pytest.FixtureRequest) -> Recipe:
     return request.param
 
 
+@pytest.fixture(scope="session")
+def one_node(recipe: Recipe, _run: RunSession) -> Recipe | None:
+    """A two-node recipe's one-box counterpart (the same model on one box), whose figures its own are shown beside."""
+    return one_node_twin(recipe, _run.recipes)
+
+
 @pytest.fixture
 def earlier_start(_run: RunSession, recipe: Recipe) -> float | None:
     """Seconds an earlier run took to bring `recipe` to serving on this target (the runner's cache), if known."""
@@ -372,6 +378,14 @@ def _served(recipe: Recipe, _run: RunSession, pytestconfig: pytest.Config, _prod
     if recipe.launcher == "process" and _run.target != "local":
         yield StartError(f"{recipe.name} runs as a local process and --host is {_run.target}")
         return
+    if recipe.nodes:  # one run holds one box's lock, journal and teardown: it starts nothing on a second box
+        exc = CouldNotRun(f"it serves on two nodes ({recipe.nodes.head.host} and "
+                          f"{recipe.nodes.worker.host}), which a run does not start: start them as `sparkgate "
+                          f"recipes show {recipe.name}` prints, then run with --base-url=http://"
+                          f"{recipe.nodes.head.host}:{recipe.port}")
+        _run.say(f"{recipe.name}: could not run: {exc}")
+        yield exc
+        return
     served = None
     try:
         with ExitStack() as stack:  # the run's end checks may close it first (RunSession.end_serving)
@@ -387,7 +401,7 @@ def _served(recipe: Recipe, _run: RunSession, pytestconfig: pytest.Config, _prod
     except Exception as exc:
         if served is not None:
             raise  # the teardown could not put the box back: an error of the run, with the commands to do it
-        if isinstance(exc, Occupied):
+        if isinstance(exc, CouldNotRun):
             _run.say(mask(f"{recipe.name}: could not run: {exc}"
                           + (" (to run it: --take-over)" if isinstance(exc, NeedsTakeOver) else "")))
         # Refused, crashed, a docker API error, a pull that failed: one error, not one per test.
@@ -399,7 +413,7 @@ def server(_served: Any, recipe: Recipe, _run: RunSession, request: pytest.Fixtu
     """The running server of the current recipe. A recipe that could not start is one error (on its first
     test) and its other tests could not run: skipped, pointing at that error."""
     c = Check.of(request.node)
-    if isinstance(_served, Occupied):  # what serves there is not this recipe's, and stays up: could not run
+    if isinstance(_served, CouldNotRun):  # e.g. what serves there is not this recipe's, and stays up
         pytest.skip(f"[{c.id if c else request.node.name}] could not run: {recipe.name}: {mask(str(_served))}"
                     + (" (to run it: --take-over)" if isinstance(_served, NeedsTakeOver) else ""))
     if isinstance(_served, StartError):

@@ -7,6 +7,7 @@ with a typo gets one line, not a traceback.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 from pathlib import Path
@@ -79,7 +80,7 @@ class Model(_Strict):
 
 
 class Memory(_Strict):
-    """What the recipe takes from the host's (unified) memory once serving."""
+    """What the recipe takes from the host's (unified) memory once serving (a two-node recipe: on each node)."""
 
     weights_gib: float = Field(description="resident, not on disk: resident runs well above du")
     kv_cache_gib: float = Field(description="pinned with --kv-cache-memory, or what vLLM takes unpinned")
@@ -182,6 +183,47 @@ class QualityFloor(_Strict):
     source: str = Field(description="the run that measured it")
 
 
+class Node(_Strict):
+    host: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,252}$", description="the box, as --host names it")
+    address: str = Field(description="the node's own address on the link (its ConnectX-7 interface), which Ray, "
+                         "NCCL and Gloo use")
+
+    @field_validator("address")
+    @classmethod
+    def _an_address(cls, value: str) -> str:
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address (the node's address on the link, e.g. "
+                             "192.168.100.10)") from None
+
+
+class Nodes(_Strict):
+    """Two Sparks as one: tensor parallel over Ray across their link. The head runs Ray's head and `vllm serve`
+    (which waits for the worker's GPU to join, up to vLLM's placement-group timeout); the worker joins Ray."""
+
+    head: Node
+    worker: Node
+    interface: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,15}$", description="the link's interface on both nodes "
+                           "(a Spark's ConnectX-7 port, e.g. enp1s0f1np1): NCCL, Gloo, UCX and Ray are pinned to "
+                           "it, never the management port")
+    ray_port: int = Field(6379, gt=0, lt=65536, description="the port of Ray's head, on the head's link address")
+
+    @model_validator(mode="after")
+    def _two_apart(self) -> Nodes:
+        if self.head.host == self.worker.host:
+            raise ValueError(f"the head and the worker are both {self.head.host}: two nodes are two boxes")
+        if self.head.address == self.worker.address:
+            raise ValueError(f"the head and the worker both have the address {self.head.address} on the link")
+        return self
+
+
+# What pins each library's traffic to the link on a node (NVIDIA's two-Spark playbook sets the same), not the
+# management port: NCCL, Gloo, UCX, PyTorch's TensorPipe and Open MPI.
+LINK_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "TP_SOCKET_IFNAME",
+            "OMPI_MCA_btl_tcp_if_include")
+
+
 class Recipe(_Strict):
     # A name becomes a test id, a file name and a journal field: letters, digits, '.', '_' and '-' only.
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
@@ -225,6 +267,8 @@ class Recipe(_Strict):
     startup: StartupBudget | None = Field(None, description="the longest a start may take (CONT-STARTUP-TIME)")
     quality: QualityFloor | None = Field(None, description="the least share of quality probes answered right "
                                          "(QUAL-ANSWERS)")
+    nodes: Nodes | None = Field(None, description="two Sparks as one (a head and a worker over their link); null: "
+                                "one box")
     source_file: Path | None = Field(None, exclude=True)
 
     @model_validator(mode="after")
@@ -237,6 +281,11 @@ class Recipe(_Strict):
             raise ValueError(f"unknown floor {', '.join(unknown)} (known: {', '.join(FLOOR_CHECKS)})")
         if self.mods and self.launcher != "docker":
             raise ValueError("`mods` are applied in a container: only a docker recipe has them")
+        for flag in ("--tensor-parallel-size", "--pipeline-parallel-size"):
+            if not (self.arg(flag) or "1").isdigit():
+                raise ValueError(f"`serve_args`: {flag} takes a whole number, not {self.arg(flag)!r}")
+        if self.nodes:
+            self._two_node_fields()
         try:
             self.args.kv_pin_bytes()
         except ValueError:
@@ -244,6 +293,22 @@ class Recipe(_Strict):
                              "whole number and K/M/G/T, binary (20G is 20 GiB), or a number and k/m/g/t, decimal; "
                              "VLLM_CPU_KVCACHE_SPACE: whole GiB); vLLM would refuse to start") from None
         return self
+
+    def _two_node_fields(self) -> None:
+        if self.launcher != "docker" or self.network != "host":
+            raise ValueError("`nodes`: a two-node recipe runs a container on each node, on the host's network "
+                             "(launcher docker, network host): Ray and NCCL must see the link's interface")
+        parallel = self.tensor_parallel * int(self.arg("--pipeline-parallel-size") or 1)
+        if parallel != 2:
+            raise ValueError(f"`serve_args`: two nodes with one GPU each need --tensor-parallel-size 2 (or "
+                             f"--pipeline-parallel-size 2): the args ask for {parallel} GPU(s)")
+        if self.arg("--distributed-executor-backend") != "ray":
+            raise ValueError("`serve_args`: a two-node recipe needs --distributed-executor-backend ray (the "
+                             "worker's GPU joins through Ray)")
+        pinned = {k: v for k, v in self.env.items() if k in LINK_ENV and v != self.nodes.interface}
+        if pinned:
+            raise ValueError(f"`env`: {', '.join(f'{k}={v}' for k, v in pinned.items())} but `nodes.interface` is "
+                             f"{self.nodes.interface}: the suite sets these from it on each node")
 
     @property
     def args(self) -> ServeArgs:
@@ -253,6 +318,11 @@ class Recipe(_Strict):
     def arg(self, flag: str) -> str | None:
         """The value of a serve flag (`--x v` or `--x=v`), '' for a bare switch, None when absent."""
         return self.args.value(flag)
+
+    @property
+    def tensor_parallel(self) -> int:
+        """GPUs each layer is split across (each reads its share of the weights per token)."""
+        return int(self.arg("--tensor-parallel-size") or 1)
 
     @property
     def max_num_seqs(self) -> int:
@@ -320,6 +390,15 @@ def load_recipes(
             )
         recipes[recipe.name] = recipe
     return recipes
+
+
+def one_node_twin(recipe: Recipe, recipes: dict[str, Recipe]) -> Recipe | None:
+    """A two-node recipe's one-box counterpart: the first recipe (by name) serving the same model on one box, whose
+    floors' figures the perf layer prints beside the two-node figures. None for a one-box recipe, or where there is
+    none."""
+    if not recipe.nodes:
+        return None
+    return next((r for _, r in sorted(recipes.items()) if r.model.id == recipe.model.id and not r.nodes), None)
 
 
 def override_images(recipes: dict[str, Recipe], specs: list[str], chosen: list[str] | None = None) -> dict[str, str]:

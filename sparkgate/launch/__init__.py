@@ -9,7 +9,7 @@
     lifecycle         serving(): refuse, start, wait, and always restore
 """
 
-from .base import NeedsTakeOver, Occupied, Server, StartError
+from .base import CouldNotRun, NeedsTakeOver, Occupied, Server, StartError
 from .lifecycle import serving
 
-__all__ = ["NeedsTakeOver", "Occupied", "Server", "StartError", "serving"]
+__all__ = ["CouldNotRun", "NeedsTakeOver", "Occupied", "Server", "StartError", "serving"]

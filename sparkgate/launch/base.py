@@ -23,9 +23,13 @@ class StartError(Exception):
     """A recipe that could not be brought to serving: refused, crashed or timed out. Says why."""
 
 
-class Occupied(StartError):
-    """The recipe could only be served with what serves on its port taken down: it could not run (never a failure
-    of the box). Says what serves there."""
+class CouldNotRun(StartError):
+    """The recipe cannot be brought up by this run for a reason that is no failure of the box: its checks could not
+    run. Says why, and what would run them."""
+
+
+class Occupied(CouldNotRun):
+    """The recipe could only be served with what serves on its port taken down. Says what serves there."""
 
 
 class NeedsTakeOver(Occupied):

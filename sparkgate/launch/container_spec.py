@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from ..recipes import Recipe
+from ..recipes import LINK_ENV, Recipe
 from ..redact import join_masked, mask, secrets_of
 from ..rules import required_env
 from ..serveargs import SECRET_FLAGS, ServeArgs, same_value
@@ -31,8 +31,11 @@ HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
 MODS_IN_CONTAINER = "/sparkgate-mods"
 # Applies each mounted mod (a folder with run.sh, as eugr/spark-vllm-docker's --apply-mod does), then runs the
 # server: `bash -c SCRIPT sparkgate-mods vllm serve MODEL ARGS...`.
-APPLY_MODS = (f'set -e; for m in {MODS_IN_CONTAINER}/*/; do echo "sparkgate: applying mod $m"; '
-              '(cd "$m" && bash ./run.sh); done; exec "$@"')
+_MODS = f'for m in {MODS_IN_CONTAINER}/*/; do echo "sparkgate: applying mod $m"; (cd "$m" && bash ./run.sh); done; '
+APPLY_MODS = f'set -e; {_MODS}exec "$@"'
+# A two-node recipe's containers (both: mods first): the head starts Ray's head, then the server, whose placement
+# group waits for the worker's GPU; the worker joins Ray and stays in the foreground (`ray start --block`).
+Role = Literal["head", "worker"]
 
 
 @dataclass(frozen=True)
@@ -46,16 +49,42 @@ class HostPaths:
         return self.home + path[1:] if path == "~" or path.startswith("~/") else path
 
 
-def expected_args(recipe: Recipe) -> list[str]:
-    """What follows the entrypoint: the model, then the serve args."""
+def expected_args(recipe: Recipe, role: Role = "head") -> list[str]:
+    """What follows the entrypoint: the model, then the serve args (a worker node: Ray's join)."""
+    if role == "worker" and recipe.nodes:
+        n = recipe.nodes
+        return ["ray", "start", "--block", f"--address={n.head.address}:{n.ray_port}",
+                f"--node-ip-address={n.worker.address}"]
     return [recipe.model.id, *recipe.serve_args]
 
 
-def entrypoint(recipe: Recipe) -> list[str] | None:
-    """The container's entrypoint: the recipe's (None: the image's own), wrapped to apply its mods first."""
+def entrypoint(recipe: Recipe, role: Role = "head") -> list[str] | None:
+    """The container's entrypoint: the recipe's (None: the image's own), wrapped to apply its mods first, and on
+    a two-node recipe's head to start Ray's head first."""
+    serve = recipe.entrypoint or ["vllm", "serve"]
+    mods = _MODS if recipe.mods else ""
+    if recipe.nodes:
+        n = recipe.nodes
+        if role == "worker":
+            return ["bash", "-c", f'set -e; {mods}exec "$@"', "sparkgate-worker"]
+        ray_head = f"ray start --head --port={n.ray_port} --node-ip-address={n.head.address}; "
+        return ["bash", "-c", f'set -e; {mods}{ray_head}exec "$@"', "sparkgate-head", *serve]
     if not recipe.mods:
         return recipe.entrypoint
-    return ["bash", "-c", APPLY_MODS, "sparkgate-mods", *(recipe.entrypoint or ["vllm", "serve"])]
+    return ["bash", "-c", APPLY_MODS, "sparkgate-mods", *serve]
+
+
+def container_name(recipe: Recipe, role: Role = "head") -> str:
+    return f"{recipe.container_name}-worker" if role == "worker" and recipe.nodes else recipe.container_name or ""
+
+
+def container_env(recipe: Recipe, role: Role = "head") -> dict[str, str]:
+    """The recipe's env; on a two-node recipe's node, with the node's link address and every library pinned to
+    the link's interface (NVIDIA's two-Spark playbook sets the same)."""
+    if not recipe.nodes:
+        return dict(recipe.env)
+    node = recipe.nodes.head if role == "head" else recipe.nodes.worker
+    return {**recipe.env, "VLLM_HOST_IP": node.address, **dict.fromkeys(LINK_ENV, recipe.nodes.interface)}
 
 
 def mounts(recipe: Recipe, paths: HostPaths) -> list[tuple[str, str, str]]:
@@ -78,17 +107,20 @@ def labels(recipe: Recipe, run_id: str) -> dict[str, str]:
         {f"{LABEL}.run": run_id} if run_id else {})
 
 
-def run_kwargs(recipe: Recipe, run_id: str = "", paths: HostPaths = HostPaths()) -> dict[str, Any]:
-    """docker SDK containers.create() arguments for the recipe (the image must be on the engine: never pulls)."""
+def run_kwargs(recipe: Recipe, run_id: str = "", paths: HostPaths = HostPaths(), role: Role = "head"
+               ) -> dict[str, Any]:
+    """docker SDK containers.create() arguments for the recipe (the image must be on the engine: never pulls);
+    on a two-node recipe, for the node of `role`."""
     from docker.types import DeviceRequest
 
     kw: dict[str, Any] = dict(
-        image=recipe.image, name=recipe.container_name, command=expected_args(recipe), environment=recipe.env,
+        image=recipe.image, name=container_name(recipe, role), command=expected_args(recipe, role),
+        environment=container_env(recipe, role),
         restart_policy={"Name": recipe.restart} if recipe.restart != "no" else {"Name": ""},
         network_mode=recipe.network, init=True, detach=True, labels=labels(recipe, run_id),
         volumes={host: {"bind": inside, "mode": mode} for host, inside, mode in mounts(recipe, paths)},
     )
-    if (ep := entrypoint(recipe)) is not None:
+    if (ep := entrypoint(recipe, role)) is not None:
         kw["entrypoint"] = ep
     if recipe.ipc:
         kw["ipc_mode"] = recipe.ipc
@@ -99,11 +131,11 @@ def run_kwargs(recipe: Recipe, run_id: str = "", paths: HostPaths = HostPaths())
     return kw
 
 
-def docker_run(recipe: Recipe, paths: HostPaths = HostPaths()) -> str:
+def docker_run(recipe: Recipe, paths: HostPaths = HostPaths(), role: Role = "head") -> str:
     """The `docker run` that run_kwargs() stands for, for an operator to read before anything starts (the
-    launcher's bookkeeping labels left out, secrets masked)."""
-    ep = entrypoint(recipe) or []
-    parts = ["docker", "run", "-d", "--name", recipe.container_name or "", "--restart", recipe.restart, "--init"]
+    launcher's bookkeeping labels left out, secrets masked); on a two-node recipe, for the node of `role`."""
+    ep = entrypoint(recipe, role) or []
+    parts = ["docker", "run", "-d", "--name", container_name(recipe, role), "--restart", recipe.restart, "--init"]
     if recipe.ipc:
         parts += ["--ipc", recipe.ipc]
     parts += ["--network", recipe.network]
@@ -115,10 +147,10 @@ def docker_run(recipe: Recipe, paths: HostPaths = HostPaths()) -> str:
         parts += ["-v", f"{host}:{inside}" + (":ro" if mode == "ro" else "")]
     if ep:
         parts += ["--entrypoint", ep[0]]  # the rest of the entrypoint leads the command
-    for key, value in recipe.env.items():
+    for key, value in container_env(recipe, role).items():
         parts += ["-e", f"{key}={value}"]
     # Masked token by token, then quoted: never the other way round (a quote in a secret would split it).
-    return join_masked([*parts, recipe.image or "", *ep[1:], *expected_args(recipe)])
+    return join_masked([*parts, recipe.image or "", *ep[1:], *expected_args(recipe, role)])
 
 
 def live_argv(attrs: dict[str, Any]) -> list[str]:

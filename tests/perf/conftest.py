@@ -27,10 +27,14 @@ def bandwidth(target_name):
 def roofline(recipe, recipe_profile, bandwidth):
     """The decode ceiling of this recipe: every active weight read once per token."""
     gbs, basis = bandwidth(recipe_profile)
-    ceiling = roofline_tok_s(gbs, recipe.model.active_params_b, recipe.model.bytes_per_param)
+    # Split over tensor-parallel GPUs (two Sparks: one each), each reads its share of the weights per token.
+    tp = recipe.tensor_parallel
+    ceiling = roofline_tok_s(gbs and gbs * tp, recipe.model.active_params_b, recipe.model.bytes_per_param)
     m = recipe.model
-    print(f"{recipe.name} roofline: " + (f"{ceiling:.1f} tok/s = {gbs:.1f} GB/s ({basis}) / ({m.active_params_b:g}B "
-                                         f"active x {m.bytes_per_param:g} bytes)" if ceiling else f"unknown: {basis}"))
+    print(f"{recipe.name} roofline: " + (f"{ceiling:.1f} tok/s = {gbs:.1f} GB/s ({basis})"
+                                         + (f" x {tp} GPUs in tensor parallel" if tp > 1 else "")
+                                         + f" / ({m.active_params_b:g}B active x {m.bytes_per_param:g} bytes)"
+                                         if ceiling else f"unknown: {basis}"))
     return ceiling
 
 
@@ -61,15 +65,18 @@ def method():
 
 
 @pytest.fixture
-def record(recipe, check, method, keep_figure):
+def record(recipe, check, method, keep_figure, one_node):
     """Print a figure (with n, std and roofline share) and keep it, with the floor it is held to (a recipe's floor
     by name, or a bare minimum), for the report, the summary and the results file; with --baseline it is also held
-    to the baseline's figure (a significant regression fails the check after its own verdict)."""
+    to the baseline's figure (a significant regression fails the check after its own verdict). A two-node recipe's
+    figure is printed beside the one-box figure of the same model (its one-node twin's floor of that name)."""
 
     def keep(figure, floor=None):
         if figure.method == METHOD:
             figure.method = method.value
-        print(f"{recipe.name} [{check.id}]: {figure}")
+        alone = one_node.floors.get(floor) if one_node and isinstance(floor, str) else None
+        print(f"{recipe.name} [{check.id}]: {figure}"
+              + (f"; on one box ({one_node.name}): {alone.measured} ({alone.source})" if alone else ""))
         name = floor if isinstance(floor, str) and floor in recipe.floors else None
         minimum = recipe.floors[name].min if name else None if isinstance(floor, str) else floor
         keep_figure(figure, minimum, name)
