@@ -593,6 +593,10 @@ def test_recipes_show_prints_what_would_start(tmp_path):
     assert "--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}'" in out
     assert json.loads(out.split("--speculative-config ")[1].split("'")[1]) == {"method": "mtp",
                                                                                 "num_speculative_tokens": 2}
+    # Pasted into a shell, the Hugging Face cache is the operator's own, not a folder named '$HOME'.
+    argv = subprocess.run(["bash", "-c", "printf '%s\\n' " + out.splitlines()[-1]], env={"HOME": "/home/op"},
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    assert argv[argv.index("-v") + 1] == "/home/op/.cache/huggingface:/root/.cache/huggingface"
 
 
 def beside_its_one_box_twin(tmp_path) -> str:

@@ -149,8 +149,10 @@ def docker_run(recipe: Recipe, paths: HostPaths = HostPaths(), role: Role = "hea
         parts += ["--entrypoint", ep[0]]  # the rest of the entrypoint leads the command
     for key, value in container_env(recipe, role).items():
         parts += ["-e", f"{key}={value}"]
-    # Masked token by token, then quoted: never the other way round (a quote in a secret would split it).
-    return join_masked([*parts, recipe.image or "", *ep[1:], *expected_args(recipe, role)])
+    # Masked token by token, then quoted: never the other way round (a quote in a secret would split it). A
+    # $HOME the operator's shell is to expand stays outside the quotes.
+    line = join_masked([*parts, recipe.image or "", *ep[1:], *expected_args(recipe, role)])
+    return line.replace("'$HOME/", "\"$HOME\"'/")
 
 
 def live_argv(attrs: dict[str, Any]) -> list[str]:
