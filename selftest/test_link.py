@@ -11,7 +11,7 @@ import pytest
 
 from selftest.testhost.spark01 import NET_PREFIX, HostSpec, TestHost
 
-from .helpers import node_id, run_suites_at_once
+from .helpers import broken_recipe, node_id, run_suites_at_once, two_node
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test hosts need root (network namespaces)")
 LINK = {"spark01": f"{NET_PREFIX}.250.1", "spark02": f"{NET_PREFIX}.250.2"}  # each node's address on the link
@@ -88,6 +88,27 @@ def test_both_nodes_are_checked_in_one_fleet_run_each_toward_its_own_peer(nodes,
                           for name in ("spark01", "spark02")], short.stdout.str()[-3000:]
 
 
+def test_a_two_node_recipe_names_each_nodes_peer_and_link_so_one_fleet_run_checks_its_link(nodes, tmp_path):
+    """No --link-peer and no --link-interface: the recipe's nodes (spark01 and spark02, their eth1 addresses) MUST
+    give each node its peer and interface, so both link checks pass on both (without them they could not run: the
+    box-on-its-own test below). The checks judge a recipe's peers as they judge --link-peer's (the tests around)."""
+    config = tmp_path / "ssh_config"
+    config.write_text("".join(h.ssh_config.read_text() for h in nodes.values()))
+
+    def on_this_link(d):
+        two_node(d, "smollm2-cpu-2node")
+        d["nodes"] = {"head": {"host": "spark01", "address": LINK["spark01"]},
+                      "worker": {"host": "spark02", "address": LINK["spark02"]}, "interface": "eth1"}
+
+    recipes = broken_recipe(tmp_path, on_this_link)
+    (tmp_path / "recipes" / "smollm2-cpu.yaml").rename(tmp_path / "recipes" / "smollm2-cpu-2node.yaml")
+    test = node_id(__name__, "test_a_two_node_recipe_names_each_nodes_peer_and_link_so_one_fleet_run_checks_its_link")
+    args = ["-m", "host", "-k", "link", "--host=spark01", "--host=spark02", f"--ssh-config={config}",
+            f"--recipes-dir={recipes}", "--recipe=smollm2-cpu-2node"]
+    good = run_suites_at_once({"good": (test, args)}, tmp_path)["good"]
+    assert good.ret == 0 and outcomes(good) == {"passed": 4}, good.stdout.str()[-3000:]
+
+
 def test_one_end_left_at_1500_fails_the_jumbo_frame_check_on_both_nodes_each_naming_its_end(nodes, tmp_path):
     """spark02's end at 1500 bytes: HOST-LINK-MTU MUST fail on spark02 naming its interface's MTU, and on spark01
     naming the 8972-byte pings that went unanswered; the route check MUST stay green."""
@@ -120,7 +141,7 @@ def test_a_peer_reached_only_through_the_management_port_fails_the_route_check(n
         f"*found:    spark01 reaches {LINK['spark02']} through eth0, the interface of the default route, via the "
         f"gateway {a.gateway}, not a link interface (eth1)",
         "*40-cx7.yaml*NCCL_SOCKET_IFNAME*",
-        "SKIPPED*[[]HOST-LINK-MTU[]] could not run: no --link-peer answers through a link interface: HOST-LINK-ROUTE "
+        "SKIPPED*[[]HOST-LINK-MTU[]] could not run: no link peer answers through a link interface: HOST-LINK-ROUTE "
         "says why"])
 
 
@@ -128,8 +149,9 @@ def test_a_box_on_its_own_could_not_run_the_link_checks_and_says_which_option_wo
     run = link_layer(nodes, "test_a_box_on_its_own_could_not_run_the_link_checks_and_says_which_option_would",
                      tmp_path, only="spark01", args=["--link-interface=eth1"])["spark01"]
     assert run.ret == 5 and outcomes(run) == {"skipped": 2}, run.stdout.str()[-3000:]
-    run.stdout.fnmatch_lines(["SKIPPED*[[]HOST-LINK-*[]] could not run: no --link-peer given: a box on its own has no "
-                              "link to check (to run it: --link-peer ADDR, the other node's address on the link)*"])
+    run.stdout.fnmatch_lines(["SKIPPED*[[]HOST-LINK-*[]] could not run: no --link-peer given, and no recipe of the run "
+                              "names this box as a node: a box on its own has no link to check (to run it: --link-peer "
+                              "ADDR, the other node's address on the link, or --recipe NAME of a two-node recipe)*"])
 
 
 def test_a_box_with_no_rdma_interface_and_none_named_could_not_run_the_link_checks(nodes, tmp_path):

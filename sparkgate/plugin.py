@@ -330,6 +330,16 @@ def recipe(request: pytest.FixtureRequest) -> Recipe:
 
 
 @pytest.fixture(scope="session")
+def link_of_box(_run: RunSession, pytestconfig: pytest.Config) -> tuple[list[str], list[str]]:
+    """This box's link peers and link interfaces: --link-peer and --link-interface, else what the run's two-node
+    recipes that name this box as a node say (the other node's address, the link's interface); [] where none."""
+    opt = pytestconfig.option
+    nodes = [r.nodes for r in _run.selected if r.nodes and r.nodes.peer_of(opt.sg_host)]
+    peers = opt.sg_link_peers or list(dict.fromkeys(n.peer_of(opt.sg_host) for n in nodes))
+    return peers, opt.sg_link_interfaces or list(dict.fromkeys(n.interface for n in nodes))
+
+
+@pytest.fixture(scope="session")
 def one_node(recipe: Recipe, _run: RunSession) -> Recipe | None:
     """A two-node recipe's one-box counterpart (the same model on one box), whose figures its own are shown beside."""
     return one_node_twin(recipe, _run.recipes)

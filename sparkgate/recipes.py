@@ -209,6 +209,10 @@ class Nodes(_Strict):
                            "it, never the management port")
     ray_port: int = Field(6379, gt=0, lt=65536, description="the port of Ray's head, on the head's link address")
 
+    def peer_of(self, box: str) -> str | None:
+        """The other node's address on the link, for the node `box` (as --host names it); None if it is neither."""
+        return {self.head.host: self.worker.address, self.worker.host: self.head.address}.get(box)
+
     @model_validator(mode="after")
     def _two_apart(self) -> Nodes:
         if self.head.host == self.worker.host:

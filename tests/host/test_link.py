@@ -15,14 +15,15 @@ SMALL = 56  # ping's default payload: answered by any link that is up at all
 
 
 @pytest.fixture
-def link_routes(check, target_host, host_facts, pytestconfig):
-    """Each --link-peer's route, with why it does not take a link interface (None where it does), and the link
-    interfaces; could not run without a peer or a link interface."""
-    peers, run, node = pytestconfig.option.sg_link_peers, target_host.run, host_facts.hostname
+def link_routes(check, target_host, host_facts, link_of_box):
+    """Each link peer's route (--link-peer, or the other node of a two-node recipe), with why it does not take a
+    link interface (None where it does), and the link interfaces; could not run without a peer or a link interface."""
+    (peers, named), run, node = link_of_box, target_host.run, host_facts.hostname
     if not peers:
-        check.cannot_run("no --link-peer given: a box on its own has no link to check",
-                         "--link-peer ADDR, the other node's address on the link")
-    links = pytestconfig.option.sg_link_interfaces or link.rdma_interfaces(run)
+        check.cannot_run("no --link-peer given, and no recipe of the run names this box as a node: a box on its own "
+                         "has no link to check", "--link-peer ADDR, the other node's address on the link, or "
+                         "--recipe NAME of a two-node recipe")
+    links = named or link.rdma_interfaces(run)
     if not links:
         check.cannot_run(f"no link interface on {node}: none is backed by an RDMA device "
                          "(/sys/class/net/*/device/infiniband) and no --link-interface was given",
@@ -122,6 +123,6 @@ def test_every_link_carries_jumbo_frames_end_to_end(check, target_host, host_fac
     if not problems and unable:
         check.cannot_run("; ".join(unable), NO_PING)
     if not problems and not seen:
-        check.cannot_run("no --link-peer answers through a link interface: HOST-LINK-ROUTE says why")
+        check.cannot_run("no link peer answers through a link interface: HOST-LINK-ROUTE says why")
     check.that(not problems, expected=f"MTU >= {want} on the link interface toward every peer, and pings that fill "
                                       "it answered", found="; ".join(problems))
