@@ -245,6 +245,9 @@ def test_a_two_node_recipe_loads_with_its_head_worker_and_link(tmp_path):
     recipe = load_recipes(Path(folder), load_profiles())["qwen36-35b-a3b-nvfp4"]
     assert (recipe.nodes.head.host, recipe.nodes.worker.address, recipe.tensor_parallel) == ("spark01",
                                                                                             "192.168.100.11", 2)
+    # The other port of the card (its twin) serves differently: the serving digest says so.
+    twin = recipe.model_copy(update={"nodes": recipe.nodes.model_copy(update={"interface": "enP2p1s0f1np1"})})
+    assert twin.serving_digest != recipe.serving_digest
 
 
 def _unpinned(d):

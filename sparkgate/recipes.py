@@ -205,8 +205,8 @@ class Nodes(_Strict):
     head: Node
     worker: Node
     interface: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,15}$", description="the link's interface on both nodes "
-                           "(a Spark's ConnectX-7 port, e.g. enp1s0f1np1): NCCL, Gloo, UCX and Ray are pinned to "
-                           "it, never the management port")
+                           "(a Spark's ConnectX-7 port, e.g. enp1s0f1np1): NCCL, Gloo, UCX, TensorPipe and Open MPI "
+                           "are pinned to it (LINK_ENV), never the management port")
     ray_port: int = Field(6379, gt=0, lt=65536, description="the port of Ray's head, on the head's link address")
 
     def peer_of(self, box: str) -> str | None:
@@ -348,6 +348,8 @@ class Recipe(_Strict):
         equal serving digests served the same thing, whatever floors or notes their recipes carry."""
         what = {"model": self.model.id, "image": self.image, "entrypoint": self.entrypoint, "mods": self.mods,
                 "env": self.env, "serve_args": self.serve_args}
+        if self.nodes:  # (only then: a one-box recipe's digest stays what earlier results files recorded)
+            what["nodes"] = self.nodes.model_dump(mode="json")
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
