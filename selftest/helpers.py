@@ -179,6 +179,18 @@ def two_node(data: dict, name: str | None = None) -> None:
     args += ["--distributed-executor-backend", "ray"]
 
 
+def beside_its_one_box_twin(tmp_path, name: str = "smollm2-cpu", change=None) -> Path:
+    """A recipes folder: the shipped recipe `name`, and the same model as two Sparks as one (`NAME-2node`), with
+    `change` then applied to the two-node one."""
+    folder = Path(broken_recipe(tmp_path, lambda d: None, name))
+    data = yaml.safe_load((folder / f"{name}.yaml").read_text())
+    two_node(data, f"{name}-2node")
+    if change:
+        change(data)
+    (folder / f"{name}-2node.yaml").write_text(yaml.safe_dump(data))
+    return folder
+
+
 def made_here_recipe(tmp_path, name: str, model: Path, feature: str, port: int, core: str, change=None) -> Path:
     """A recipes folder holding the embedded default turned into recipe `name` serving a model made here
     (selftest/madehere.py) from its folder, declaring `feature`, on `port` and CPU `core`; `change` then applies a

@@ -11,7 +11,7 @@ import pytest
 
 from selftest.testhost.spark01 import NET_PREFIX, HostSpec, TestHost
 
-from .helpers import broken_recipe, node_id, run_suites_at_once, two_node
+from .helpers import beside_its_one_box_twin, node_id, run_suites_at_once
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the test hosts need root (network namespaces)")
 LINK = {"spark01": f"{NET_PREFIX}.250.1", "spark02": f"{NET_PREFIX}.250.2"}  # each node's address on the link
@@ -96,12 +96,10 @@ def test_a_two_node_recipe_names_each_nodes_peer_and_link_so_one_fleet_run_check
     config.write_text("".join(h.ssh_config.read_text() for h in nodes.values()))
 
     def on_this_link(d):
-        two_node(d, "smollm2-cpu-2node")
         d["nodes"] = {"head": {"host": "spark01", "address": LINK["spark01"]},
                       "worker": {"host": "spark02", "address": LINK["spark02"]}, "interface": "eth1"}
 
-    recipes = broken_recipe(tmp_path, on_this_link)
-    (tmp_path / "recipes" / "smollm2-cpu.yaml").rename(tmp_path / "recipes" / "smollm2-cpu-2node.yaml")
+    recipes = beside_its_one_box_twin(tmp_path, change=on_this_link)
     test = node_id(__name__, "test_a_two_node_recipe_names_each_nodes_peer_and_link_so_one_fleet_run_checks_its_link")
     args = ["-m", "host", "-k", "link", "--host=spark01", "--host=spark02", f"--ssh-config={config}",
             f"--recipes-dir={recipes}", "--recipe=smollm2-cpu-2node"]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from selftest.helpers import broken_recipe, two_node
+from selftest.helpers import beside_its_one_box_twin, broken_recipe, two_node
 from sparkgate.recipes import (
     RECIPES_DIR,
     Floor,
@@ -283,11 +283,8 @@ def test_a_malformed_two_node_recipe_names_its_file_and_field(tmp_path, change, 
 
 
 def test_a_two_node_recipes_one_box_twin_is_the_same_model_on_one_box(tmp_path):
-    folder = Path(broken_recipe(tmp_path, lambda d: two_node(d, "qwen36-35b-a3b-nvfp4-2node"),
-                                name="qwen36-35b-a3b-nvfp4"))
-    (folder / "qwen36-35b-a3b-nvfp4.yaml").rename(folder / "qwen36-35b-a3b-nvfp4-2node.yaml")
-    shutil.copy(RECIPES_DIR / "qwen36-35b-a3b-nvfp4.yaml", folder)
-    shutil.copy(RECIPES_DIR / "qwen38-27b-nvfp4.yaml", folder)
+    folder = beside_its_one_box_twin(tmp_path, "qwen36-35b-a3b-nvfp4")
+    shutil.copy(RECIPES_DIR / "qwen38-27b-nvfp4.yaml", folder)  # another model on one box: no twin of it
     recipes = load_recipes(folder, load_profiles())
     assert one_node_twin(recipes["qwen36-35b-a3b-nvfp4-2node"], recipes).name == "qwen36-35b-a3b-nvfp4"
     assert one_node_twin(recipes["qwen36-35b-a3b-nvfp4"], recipes) is None  # one box: no twin to stand beside

@@ -29,6 +29,7 @@ from .helpers import (
     ARTIFACTS,
     EMBEDDED_PORT,
     ROOT,
+    beside_its_one_box_twin,
     bind_to_core,
     broken_recipe,
     cores_apart,
@@ -39,7 +40,6 @@ from .helpers import (
     server_group,
     serving_at_once,
     sparkgate_cli,
-    two_node,
 )
 from .terminal import Terminal
 
@@ -597,15 +597,6 @@ def test_recipes_show_prints_what_would_start(tmp_path):
     argv = subprocess.run(["bash", "-c", "printf '%s\\n' " + out.splitlines()[-1]], env={"HOME": "/home/op"},
                           capture_output=True, text=True, check=True).stdout.splitlines()
     assert argv[argv.index("-v") + 1] == "/home/op/.cache/huggingface:/root/.cache/huggingface"
-
-
-def beside_its_one_box_twin(tmp_path) -> str:
-    """A recipes folder: the embedded default, and the same model as two Sparks as one (`smollm2-cpu-2node`)."""
-    folder = broken_recipe(tmp_path, lambda d: None)
-    data = yaml.safe_load((Path(folder) / "smollm2-cpu.yaml").read_text())
-    two_node(data, "smollm2-cpu-2node")
-    (Path(folder) / "smollm2-cpu-2node.yaml").write_text(yaml.safe_dump(data))
-    return folder
 
 
 def test_recipes_show_prints_each_nodes_command_in_the_order_they_start_and_the_runs_that_check_them(tmp_path):
