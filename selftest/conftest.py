@@ -24,29 +24,39 @@ def pytest_configure(config):
 
 
 # Files that neither time anything nor start an engine: they run while the models made here build (selftest/madehere.py:
-# minutes of CPU-bound training that had the machine to itself), right after the clean_machine tests.
+# minutes of CPU-bound training), right after the clean_machine tests.
 WHILE_THE_MODEL_BUILDS = {
     "test_host_layer.py", "test_fleet.py", "test_link.py", "test_recipes.py", "test_untrusted.py", "test_spark01.py",
     "test_linkparse.py", "test_hostfacts.py", "test_levels.py", "test_layout.py", "test_knownbad.py",
     "test_hfcache.py", "test_garbage_rates.py", "test_sanity.py", "test_proofs.py", "test_vllmlog.py",
     "test_kernellog.py", "test_gpuclocks.py"}
+# Files that start engines but judge no speed (their floors are ones any CPU meets): they run next, still beside the
+# build. An engine starting leaves a core idle for tens of seconds (measured: the two cores 50-80% busy through such
+# starts), which the build, niced, takes; before, the tests of the models waited minutes for it with nothing beside.
+BESIDE_THE_BUILD = {
+    "test_container_layer.py", "test_faults.py", "test_docker_launcher.py", "test_secrets.py", "test_install.py",
+    "test_httpclient.py"}
 # The files that serve a model made here, and the model each serves, in the order they are built and run.
 NEEDS_A_MODEL = {"test_reasoning_model.py": "smollm2-think", "test_vision_model.py": "smollm2-see"}
 
 
 def pytest_collection_modifyitems(items):
     """The clean_machine tests first; then, while the models made here build, the files that share the machine with
-    them; then the tests of those models; the tests that share `embedded_server` last: once it serves, this machine
-    (and the test host, which sees its processes) has another model server on it, which HOST-NO-COMPETITOR and
-    the launchers' pre-flight rightly count."""
+    them; then the tests of those models; then the rest, which time what they measure; the tests that share
+    `embedded_server` last: once it serves, this machine (and the test host, which sees its processes) has another
+    model server on it, which HOST-NO-COMPETITOR and the launchers' pre-flight rightly count."""
     def order(item):
         if item.get_closest_marker("clean_machine"):
             return 0
         if item.path.name in WHILE_THE_MODEL_BUILDS:
             return 1
+        if "embedded_server" in getattr(item, "fixturenames", ()):
+            return 5
+        if item.path.name in BESIDE_THE_BUILD:
+            return 2
         if item.path.name in NEEDS_A_MODEL:
-            return 2 + list(NEEDS_A_MODEL).index(item.path.name) / len(NEEDS_A_MODEL)
-        return 4 if "embedded_server" in getattr(item, "fixturenames", ()) else 3
+            return 3 + list(NEEDS_A_MODEL).index(item.path.name) / len(NEEDS_A_MODEL)
+        return 4
 
     items.sort(key=order)  # stable: within each group, the files' own order
 

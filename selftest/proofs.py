@@ -48,7 +48,10 @@ def pytest_runtest_makereport(item, call):
         if report.when == "call" or failed_setup:
             # A failure is the check's verdict only when its message is (it starts "[ID] "): a crash is no proof.
             verdict = report.passed or str(report.longrepr).startswith(f"[{marker.args[0]}] ")
-            _append({"by": _OUTER, "check": marker.args[0], "outcome": report.outcome, "verdict": verdict})
+            entry = {"by": _OUTER, "check": marker.args[0], "outcome": report.outcome, "verdict": verdict}
+            if report.skipped and isinstance(report.longrepr, tuple):  # why it could not run, to tell runs apart
+                entry["why"] = report.longrepr[2][:300]
+            _append(entry)
     return report
 
 
