@@ -118,6 +118,17 @@ def wait_ready(base_url: str, served_name: str | None, timeout_s: float, alive: 
     last_note = last_look = start
     seen: set[str] = set()
     latest: tuple[str, float] | None = None  # the last new phase and when: where a start that hangs is stuck
+
+    def look(now: float) -> None:
+        """Each phase the log shows that was not shown yet."""
+        nonlocal latest, last_note
+        for phase in phases(log()) if log is not None else ():
+            if phase not in seen:
+                seen.add(phase)
+                latest = (phase, now - start)
+                progress(f"  {label}: {phase} ({now - start:.0f} s)")
+                last_note = now
+
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=5, headers=headers, limits=limits()) as client:
         while True:
@@ -130,6 +141,7 @@ def wait_ready(base_url: str, served_name: str | None, timeout_s: float, alive: 
             if response is not None:
                 if response.status_code == 200 and (why := _never_ready(response, served_name)) is None:
                     took = time.monotonic() - start
+                    look(time.monotonic())  # the phases logged since the last look (weights, KV cache) too
                     if not quiet:
                         progress(f"{label}: serving {served_name} after {took:.0f} s")
                     return took
@@ -143,12 +155,7 @@ def wait_ready(base_url: str, served_name: str | None, timeout_s: float, alive: 
                                  + ("" if quiet else " (--startup-timeout)") + stuck)
             if log is not None and now - last_look >= 3:
                 last_look = now
-                for phase in phases(log()):
-                    if phase not in seen:
-                        seen.add(phase)
-                        latest = (phase, now - start)
-                        progress(f"  {label}: {phase} ({now - start:.0f} s)")
-                        last_note = now
+                look(now)
             if now - last_note >= 15:
                 progress(f"  {label}: loading, {now - start:.0f} s")
                 last_note = now
